@@ -1,0 +1,38 @@
+# The two commands of the README: `make book` and `make test`. Each sets up .venv first.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TIER ?= book
+SEED ?= 0
+
+.PHONY: book test env lint lock clean
+
+book: $(STAMP)
+	$(BIN)/icml26 build --tier $(TIER) --seed $(SEED)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+env: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+# Install the exact pins, then the package itself without touching them.
+$(STAMP): requirements/lock.txt pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing the pinned environment into $(VENV) (first run: a few minutes)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements/lock.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(BIN)/python -c "from icml26.offline import mathjax_dir; print('MathJax:', mathjax_dir())"
+	@touch $(STAMP)
+
+# Re-pin after changing dependencies in pyproject.toml (then update environment.yml to match).
+lock: $(STAMP)
+	@{ sed -n '1,2p' requirements/lock.txt; $(BIN)/python -m pip freeze --exclude-editable \
+	  | grep -v '^icml26' | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; } > requirements/lock.new
+	@mv requirements/lock.new requirements/lock.txt
+
+clean:
+	rm -rf _build

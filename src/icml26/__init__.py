@@ -1,0 +1,8 @@
+"""ICML 2026 in Code: the tested implementations behind the book's chapters.
+
+Shared building blocks live in :mod:`icml26.core`, :mod:`icml26.plotting`, :mod:`icml26.kernels`
+and :mod:`icml26.data`; each chapter has one module named after it (``icml26.mod_test``, ...).
+The book's execution pipeline is :mod:`icml26.pipeline`, driven by the ``icml26`` command.
+"""
+
+__version__ = "0.1.0"

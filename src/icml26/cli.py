@@ -1,0 +1,86 @@
+"""The ``icml26`` command: list, run and build the book's chapters.
+
+    icml26 list                                # chapters, parts, tiers and last runtimes
+    icml26 run mod-test --tier smoke --seed 3  # execute one chapter into an .ipynb
+    icml26 build --tier book                   # what `make book` calls
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from icml26 import pipeline
+from icml26.core import TIERS
+
+
+def _seed(text: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"seed must be a non-negative integer, got {text!r}")
+    return int(text)
+
+
+def _tier(text: str) -> str:
+    if text not in TIERS:
+        raise ValueError(f"unknown tier {text!r}; valid tiers: {', '.join(TIERS)}")
+    return text
+
+
+def _list(_: argparse.Namespace) -> None:
+    history = pipeline.load_history()
+    print(f"{'chapter':<24} {'part':<34} " + " ".join(f"{t + ' (s)':>10}" for t in TIERS))
+    for chapter in pipeline.chapters():
+        runs = history.get(chapter.slug, {})
+        times = [f"{runs[t]['seconds']:>10.1f}" if t in runs else f"{'-':>10}" for t in TIERS]
+        print(f"{chapter.slug:<24} {chapter.part:<34} " + " ".join(times))
+
+
+def _run(args: argparse.Namespace) -> None:
+    chapter = pipeline.find_chapter(args.slug)
+    tier, seed = _tier(args.tier), _seed(args.seed)
+    output = Path(args.output or pipeline.ROOT / "_build" / "executed" / tier / f"{args.slug}.ipynb")
+    print(f"{chapter.slug}: executing at {tier} tier, seed {seed}", flush=True)
+    record = pipeline.run_chapter(chapter, tier, seed, output, use_cache=not args.no_cache)
+    pipeline.save_history([record])
+    source = "cache" if record.cached else "fresh run"
+    print(f"{chapter.slug}: {record.seconds:.1f} s ({source}), {record.claims} claims checked; "
+          f"wrote {output}")
+
+
+def _build(args: argparse.Namespace) -> None:
+    out_root = Path(args.out_root).resolve() if args.out_root else pipeline.ROOT
+    pipeline.build(_tier(args.tier), _seed(args.seed), out_root=out_root,
+                   use_cache=not args.no_cache, report=lambda line: print(line, flush=True))
+
+
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(prog="icml26", description="Run and build ICML 2026 in Code.")
+    commands = main.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="chapters, their parts and last runtimes").set_defaults(
+        handler=_list)
+    run = commands.add_parser("run", help="execute one chapter with papermill")
+    run.add_argument("slug")
+    run.add_argument("--output", help="executed notebook (default _build/executed/TIER/SLUG.ipynb)")
+    build = commands.add_parser("build", help="execute every chapter and render the HTML book")
+    build.add_argument("--out-root", help="folder that receives _build/ (default: the repository)")
+    for sub, handler in ((run, _run), (build, _build)):
+        sub.add_argument("--tier", default="book", help=f"one of {', '.join(TIERS)} (default book)")
+        sub.add_argument("--seed", default="0", help="non-negative integer (default 0)")
+        sub.add_argument("--no-cache", action="store_true", help="execute even if cached")
+        sub.set_defaults(handler=handler)
+    return main
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        args.handler(args)
+    except (ValueError, pipeline.PipelineError) as error:
+        print(f"icml26: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""Shared fixtures: one smoke-tier build of the whole book per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from icml26 import pipeline
+
+
+@pytest.fixture(scope="session")
+def smoke_build(tmp_path_factory) -> tuple[list[pipeline.RunRecord], Path]:
+    """Execute every chapter at smoke tier (fresh, no shared cache) and render the strict book."""
+    out_root = tmp_path_factory.mktemp("book")
+    records = pipeline.build("smoke", 0, out_root=out_root, report=print)
+    return records, out_root / "_build" / "html"
+
+
+@pytest.fixture(scope="session")
+def built_html(smoke_build) -> Path:
+    return smoke_build[1]

@@ -1,0 +1,84 @@
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from icml26.core import (
+    ClaimFailed,
+    Timer,
+    check_claim,
+    check_tier,
+    get_device,
+    glue_number,
+    set_seed,
+    tier_settings,
+)
+
+
+def _draws():
+    return random.random(), np.random.rand(), torch.rand(1).item()
+
+
+def test_set_seed_repeats_every_generator():
+    rng_a = set_seed(7)
+    first = (*_draws(), rng_a.normal())
+    rng_b = set_seed(7)
+    assert (*_draws(), rng_b.normal()) == first
+    set_seed(8)
+    assert _draws() != first[:3]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "3", True])
+def test_set_seed_rejects_bad_seeds(bad):
+    with pytest.raises((TypeError, ValueError)):
+        set_seed(bad)
+
+
+def test_get_device():
+    assert get_device("cpu").type == "cpu"
+    assert get_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="device"):
+        get_device("tpu")
+
+
+def test_tier_settings_picks_and_falls_back():
+    settings = {"smoke": {"n": 10}, "book": {"n": 100}}
+    assert tier_settings("smoke", **settings) == {"n": 10}
+    assert tier_settings("full", **settings) == {"n": 100}
+    assert tier_settings("full", **settings, full={"n": 1000}) == {"n": 1000}
+    with pytest.raises(ValueError, match="unknown tier"):
+        tier_settings("huge", **settings)
+    with pytest.raises(ValueError, match="required"):
+        tier_settings("book", book={"n": 1})
+    with pytest.raises(ValueError, match="unknown tiers"):
+        tier_settings("book", **settings, fast={"n": 1})
+    assert check_tier("book") == "book"
+
+
+def test_timer_measures_elapsed_time():
+    with Timer() as timer:
+        sum(range(10**5))
+    assert 0 < timer.seconds < 5
+
+
+def test_check_claim_passes_and_fails_with_numbers():
+    claim = check_claim("power beats", 0.9, ">=", 0.5, power_a=0.9)
+    assert claim.holds and claim.enforced
+    with pytest.raises(ClaimFailed, match=r"0\.2 >= 0\.5.*power_a=0\.2"):
+        check_claim("power beats", 0.2, ">=", 0.5, power_a=0.2)
+    relaxed = check_claim("power beats", 0.2, ">=", 0.5, enforce=False)
+    assert not relaxed.holds and "not enforced" in relaxed.describe()
+
+
+def test_check_claim_rejects_bad_input():
+    with pytest.raises(ValueError, match="comparison"):
+        check_claim("x", 1, "=>", 0)
+    with pytest.raises(ValueError, match="NaN"):
+        check_claim("x", float("nan"), ">", 0)
+
+
+def test_glue_number_rejects_non_numbers():
+    with pytest.raises(TypeError, match="real number"):
+        glue_number("name", "0.5")
+    assert glue_number("name", np.float32(0.25)) == 0.25

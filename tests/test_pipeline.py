@@ -1,0 +1,137 @@
+"""The execution pipeline: cache keys, parameter injection, failures, offline kernel, the CLI."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from icml26 import cli, pipeline
+
+NOTEBOOK_HEADER = """---
+jupytext:
+  text_representation:
+    format_name: myst
+kernelspec:
+  name: python3
+  display_name: Python 3
+---
+"""
+
+
+def _myst(path: Path, *cells: str, tagged: bool = True) -> Path:
+    parameters = "```{code-cell} ipython3\n:tags: [parameters]\nTIER = 'smoke'\nSEED = 0\n```\n"
+    body = "\n".join(f"```{{code-cell}} ipython3\n{cell}\n```\n" for cell in cells)
+    path.write_text(NOTEBOOK_HEADER + "# Test\n\n" + (parameters if tagged else "") + body)
+    return path
+
+
+def test_parameters_are_injected(tmp_path):
+    source = _myst(tmp_path / "nb.md", "print(TIER, SEED)")
+    output = tmp_path / "out.ipynb"
+    pipeline.execute_notebook(source, output, "book", 5)
+    notebook = nbformat.read(output, as_version=4)
+    printed = "".join(o.get("text", "") for o in notebook.cells[-1].outputs)
+    assert printed.strip() == "book 5"
+
+
+def test_failing_cell_is_named(tmp_path):
+    source = _myst(tmp_path / "nb.md", "x = 1", "raise RuntimeError('boom')")
+    message = r"chapter t: cell 4 of the source .*raise RuntimeError.*boom"
+    with pytest.raises(pipeline.PipelineError, match=message):
+        pipeline.execute_notebook(source, tmp_path / "out.ipynb", "smoke", 0, label="chapter t")
+
+
+def test_missing_parameters_cell_is_refused(tmp_path):
+    source = _myst(tmp_path / "nb.md", "x = 1", tagged=False)
+    with pytest.raises(pipeline.PipelineError, match="parameters"):
+        pipeline.execute_notebook(source, tmp_path / "out.ipynb", "smoke", 0)
+
+
+def test_kernel_cannot_reach_the_network(tmp_path):
+    code = ("import socket\n"
+            "try:\n    socket.create_connection(('192.0.2.1', 80), timeout=2)\n"
+            "except ConnectionRefusedError as e:\n    print('refused', 'icml26' in str(e))\n"
+            "import os; print(os.environ['HF_HUB_OFFLINE'])")
+    source = _myst(tmp_path / "nb.md", code)
+    output = tmp_path / "out.ipynb"
+    pipeline.execute_notebook(source, output, "smoke", 0)
+    printed = "".join(o.get("text", "") for o in nbformat.read(output, as_version=4).cells[-1].outputs)
+    assert printed.split() == ["refused", "True", "1"]
+
+
+@pytest.mark.parametrize("bad", [("smoke", -1), ("smoke", "3"), ("fast", 0), ("book", True)])
+def test_validate_parameters(bad):
+    with pytest.raises(ValueError):
+        pipeline.validate_parameters(*bad)
+
+
+def test_module_closure_follows_imports_transitively():
+    files = {p.name for p in pipeline.module_closure("from icml26 import pipeline as p")}
+    assert {"__init__.py", "pipeline.py", "core.py"} <= files
+    assert "plotting.py" not in files
+    assert {p.name for p in pipeline.module_closure("import numpy")} == {"__init__.py"}
+
+
+@pytest.fixture
+def fake_package(tmp_path, monkeypatch):
+    """A copy of the package and a chapter importing only ``icml26.core``."""
+    package = tmp_path / "icml26"
+    shutil.copytree(pipeline.PACKAGE_DIR, package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(pipeline, "PACKAGE_DIR", package)
+    source = _myst(tmp_path / "chapter.md", "from icml26.core import set_seed")
+    return package, pipeline.Chapter("chapter", "Part", source)
+
+
+def test_cache_key_tracks_what_the_chapter_depends_on(fake_package):
+    package, chapter = fake_package
+    key = pipeline.cache_key(chapter, "smoke", 0)
+    assert pipeline.cache_key(chapter, "smoke", 0) == key
+    assert pipeline.cache_key(chapter, "book", 0) != key
+    assert pipeline.cache_key(chapter, "smoke", 1) != key
+    (package / "plotting.py").write_text("# edited, but the chapter does not import it\n")
+    assert pipeline.cache_key(chapter, "smoke", 0) == key
+    with (package / "core.py").open("a") as handle:
+        handle.write("\n# an edit to an imported module\n")
+    edited = pipeline.cache_key(chapter, "smoke", 0)
+    assert edited != key
+    with chapter.source.open("a") as handle:
+        handle.write("\nMore text.\n")
+    assert pipeline.cache_key(chapter, "smoke", 0) != edited
+
+
+def test_run_chapter_reuses_the_cache(tmp_path, fake_package):
+    _, chapter = fake_package
+    cache = tmp_path / "cache"
+    first = pipeline.run_chapter(chapter, "smoke", 0, tmp_path / "a.ipynb", cache=cache)
+    second = pipeline.run_chapter(chapter, "smoke", 0, tmp_path / "b.ipynb", cache=cache)
+    assert not first.cached and second.cached
+    assert second.seconds == first.seconds and second.key == first.key
+    assert (tmp_path / "a.ipynb").read_bytes() == (tmp_path / "b.ipynb").read_bytes()
+
+
+def test_every_toc_chapter_exists():
+    slugs = [c.slug for c in pipeline.chapters()]
+    assert slugs and len(slugs) == len(set(slugs))
+    with pytest.raises(pipeline.PipelineError, match="valid chapters: " + slugs[0]):
+        pipeline.find_chapter("no-such-chapter")
+
+
+@pytest.mark.parametrize("argv, reason", [
+    (["run", "no-such-chapter"], "unknown chapter 'no-such-chapter'; valid chapters: "),
+    (["run", "mod-test", "--tier", "huge"], "unknown tier 'huge'; valid tiers: smoke, book, full"),
+    (["run", "mod-test", "--seed", "x1"], "seed must be a non-negative integer, got 'x1'"),
+    (["build", "--tier", "fast"], "unknown tier 'fast'; valid tiers: smoke, book, full"),
+])
+def test_cli_rejects_bad_input_with_one_line(argv, reason, capsys):
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and reason in err
+
+
+def test_cli_list_shows_every_chapter(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert all(c.slug in out for c in pipeline.chapters())

@@ -1,0 +1,29 @@
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib as mpl  # noqa: E402
+import pytest  # noqa: E402
+
+from icml26.plotting import PALETTE, method_colors, subplots_grid, use_book_style  # noqa: E402
+
+
+def test_book_style_is_applied():
+    use_book_style()
+    assert mpl.rcParams["axes.spines.top"] is False
+    assert mpl.rcParams["axes.prop_cycle"].by_key()["color"][: len(PALETTE)] == list(PALETTE)
+
+
+def test_method_colors_are_fixed_and_distinct():
+    colors = method_colors(["MMD", "MOD"])
+    assert colors == {"MMD": PALETTE[0], "MOD": PALETTE[1]}
+    with pytest.raises(ValueError, match="distinct"):
+        method_colors(["MMD", "MMD"])
+    with pytest.raises(ValueError, match="at most"):
+        method_colors([str(i) for i in range(len(PALETTE) + 1)])
+
+
+def test_subplots_grid_hides_unused_panels():
+    fig, axes = subplots_grid(4, columns=3)
+    assert len(axes) == 4 and len(fig.axes) == 6
+    assert sum(ax.get_visible() for ax in fig.axes) == 4
