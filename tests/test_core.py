@@ -12,6 +12,7 @@ from icml26.core import (
     get_device,
     glue_number,
     set_seed,
+    show_source,
     tier_settings,
 )
 
@@ -82,3 +83,10 @@ def test_glue_number_rejects_non_numbers():
     with pytest.raises(TypeError, match="real number"):
         glue_number("name", "0.5")
     assert glue_number("name", np.float32(0.25)) == 0.25
+
+
+def test_show_source_renders_a_python_block():
+    block = show_source(set_seed).data
+    assert block.startswith("```python\ndef set_seed(") and block.endswith("```")
+    with pytest.raises(TypeError, match="cannot show"):
+        show_source(3)

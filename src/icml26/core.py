@@ -8,6 +8,7 @@ numbers behind it.
 
 from __future__ import annotations
 
+import inspect
 import operator
 import os
 import random
@@ -168,3 +169,14 @@ def _display_claim(claim: Claim, message: str) -> None:
     metadata = {CLAIM_METADATA_KEY: {"statement": claim.statement, "holds": claim.holds,
                                      "enforced": claim.enforced}}
     display({"text/plain": message}, raw=True, metadata=metadata)
+
+
+def show_source(obj: object):
+    """Display the source of a function or class from ``icml26`` as a highlighted code block."""
+    from IPython.display import Markdown
+
+    try:
+        source = inspect.getsource(obj)
+    except TypeError as error:
+        raise TypeError(f"cannot show the source of {obj!r}: {error}") from None
+    return Markdown(f"```python\n{source}```")

@@ -81,10 +81,18 @@ def pairwise_distances(X, Y=None, p: int = 2) -> torch.Tensor:
     return torch.cdist(X, Y, p=p, compute_mode="donot_use_mm_for_euclid_dist")
 
 
+def middle_ranks(count: int) -> tuple[int, int]:
+    """1-based ranks whose average is the median of `count` sorted values."""
+    return (count + 1) // 2, count // 2 + 1
+
+
 def off_diagonal_median(distances: torch.Tensor) -> float:
     """Median of the distinct pairs $i < j$ of a symmetric distance matrix."""
     rows, cols = torch.triu_indices(*distances.shape, offset=1)
-    median = torch.quantile(distances[rows, cols], 0.5).item()
+    pairs = distances[rows, cols]
+    # The two middle order statistics (equal when the count is odd); selection, not sorting.
+    lower, upper = (pairs.kthvalue(k).values.item() for k in middle_ranks(len(pairs)))
+    median = (lower + upper) / 2
     if median <= 0:
         raise ValueError("median inter-point distance is 0 (too many repeated points)")
     return median

@@ -46,6 +46,8 @@ DEFAULT_TESTS = ("mmd", "mod", "mod_fused", "mmd_fuse", "energy")
 CHUNK_ELEMENTS = 2**22
 # A point whose row of kernel values varies less than this (relative) has no usable variance.
 FLAT_ROW_TOLERANCE = 1e-12
+# Largest relative asymmetry |K - K^T| accepted in a kernel matrix (rounding only).
+SYMMETRY_TOLERANCE = 1e-10
 # Relative slack so that statistics equal up to rounding count as ties in Eq. (13).
 TIE_TOLERANCE = 1e-12
 
@@ -76,7 +78,8 @@ def zero_diagonal(K) -> torch.Tensor:
         raise ValueError(f"need at least 4 pooled points, got {K.shape[-1]}")
     if not torch.isfinite(K).all():
         raise ValueError("kernel matrix contains NaN or infinite values")
-    if not torch.allclose(K, K.transpose(-1, -2), rtol=1e-10, atol=1e-12):
+    asymmetry = (K - K.transpose(-1, -2)).abs_().amax()
+    if asymmetry > SYMMETRY_TOLERANCE * torch.maximum(K.amax(), -K.amin()):
         raise ValueError("kernel matrix must be symmetric")
     K = K.clone()
     K.diagonal(dim1=-2, dim2=-1).zero_()
@@ -230,9 +233,10 @@ def difference_map(n: int, m: int) -> torch.Tensor:
 
 
 def difference_moments(K, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact permutation mean and standard deviation of $(D_X, D_Y)$, from Eq. (8).
+    r"""Exact permutation mean and standard deviation of $(D_X, D_Y)$, from Eq. (8).
 
-    The mean is zero: under relabelling every pair is equally likely to be within or between.
+    The mean is zero, as $\bar K_{XX}$, $\bar K_{YY}$ and $\bar K_{XY}$ all have permutation
+    mean $\bar K$.
     """
     K0 = zero_diagonal(K)
     mean, covariance = permutation_moments(K0, n, m)
@@ -293,7 +297,10 @@ def point_variances(K0: torch.Tensor) -> torch.Tensor:
 
 
 def inverse_point_variances(K0: torch.Tensor) -> torch.Tensor:
-    """$1 / v_i$, set to 0 for flat rows ($v_i = 0$ up to rounding), whose terms Eq. (11) drops."""
+    """$1 / v_i$, set to 0 for flat rows ($v_i = 0$ up to rounding), whose terms Eq. (11) drops.
+
+    (The authors' reference code adds $10^{-10}$ to $v_i$; we use $v_i$ as defined.)
+    """
     variances = point_variances(K0)
     row_scale = K0.abs().amax(-1)
     flat = variances.sqrt() <= FLAT_ROW_TOLERANCE * row_scale
@@ -339,11 +346,15 @@ def permutation_p_value(statistics: torch.Tensor) -> torch.Tensor:
     return (1 + exceed) / statistics.shape[-1]
 
 
+def off_diagonal_rms(K0: torch.Tensor) -> torch.Tensor:
+    """Root mean square of the off-diagonal entries of zero-diagonal kernel matrices."""
+    N = K0.shape[-1]
+    return (K0.square().sum(dim=(-1, -2)) / (N * (N - 1))).sqrt()
+
+
 def fuse_normalisers(K) -> torch.Tensor:
     r"""Eq. (14): $\hat N_l = \sqrt{\sum_{i \ne j} K_{l,ij}^2 / N(N-1)}$ on the pooled sample."""
-    K0 = zero_diagonal(K)
-    N = K0.shape[-1]
-    return ((K0**2).sum(dim=(-1, -2)) / (N * (N - 1))).sqrt()
+    return off_diagonal_rms(zero_diagonal(K))
 
 
 def mmd_fuse(mmd2: torch.Tensor, normalisers: torch.Tensor, n: int, m: int) -> torch.Tensor:
@@ -387,7 +398,10 @@ def permutation_indicators(
 
 @dataclass(frozen=True)
 class PermutationStatistics:
-    """Statistics for every kernel (rows) and labelling (columns; column 0 = observed)."""
+    r"""Statistics for every kernel (rows) and labelling (columns; column 0 = observed).
+
+    `normalisers` holds each kernel's MMD-FUSE $\hat N_l$ (Eq. 14), which no labelling changes.
+    """
 
     n: int
     m: int
@@ -395,6 +409,7 @@ class PermutationStatistics:
     k_yy: torch.Tensor
     k_xy: torch.Tensor
     mod: torch.Tensor
+    normalisers: torch.Tensor
 
     @property
     def mmd2(self) -> torch.Tensor:
@@ -413,14 +428,15 @@ class PermutationStatistics:
 
 
 def chunk_statistics(K0, row_sums, inverse_variances, indicators, n, m):
-    """Eqs. (1), (10), (11) for a block of labellings, from $P = K_0 Z$ alone.
+    r"""Eqs. (1), (10), (11) for a block of labellings, from $P = K_0 Z$ alone.
 
-    For point $i$ in X: $p^{in}_i = P_i / (n-1)$, $p^{out}_i = (r_i - P_i) / m$ with row sum
-    $r_i$; in Y: $p^{in}_i = (r_i - P_i)/(m-1)$, $p^{out}_i = P_i / n$.
+    $P_{ib}$ is point $i$'s kernel sum to group X under labelling $b$, and $r_i - P_{ib}$ its sum
+    to group Y. For $i$ in X, $p^{in}_i - p^{out}_i = P_{ib}/(n-1) - (r_i - P_{ib})/m
+    = c_X (P_{ib} - r_i / (m c_X))$ with $c_X = 1/(n-1) + 1/m$, the scale factor of Eq. (11).
+    So each MOD term is $c_X (P_{ib} - t^X_i)^2 / v_i$, and likewise for Y with
+    $c_Y = 1/(m-1) + 1/n$ and $t^Y_i = r_i / ((m-1) c_Y)$.
     """
-    N = n + m
     within_x = K0 @ indicators
-    to_y = row_sums[..., None] - within_x
     sum_xx = (indicators * within_x).sum(-2)
     sum_x_rows = row_sums @ indicators
     sum_yy = row_sums.sum(-1, keepdim=True) - 2 * sum_x_rows + sum_xx
@@ -428,11 +444,14 @@ def chunk_statistics(K0, row_sums, inverse_variances, indicators, n, m):
     k_yy = sum_yy / (m * (m - 1))
     k_xy = (sum_x_rows - sum_xx) / (n * m)
 
-    in_y = 1 - indicators
-    gap = indicators * (within_x / (n - 1) - to_y / m) + in_y * (to_y / (m - 1) - within_x / n)
-    inverse_scale = indicators / (1 / (n - 1) + 1 / (N - n)) + in_y / (1 / (m - 1) + 1 / (N - m))
-    mod = (gap**2 * inverse_scale * inverse_variances[..., None]).amax(-2)
-    return k_xx, k_yy, k_xy, mod
+    scale_x, scale_y = 1 / (n - 1) + 1 / m, 1 / (m - 1) + 1 / n
+    in_x = indicators.bool()
+    centre = torch.where(
+        in_x, (row_sums / (m * scale_x))[..., None], (row_sums / ((m - 1) * scale_y))[..., None]
+    )
+    weight = (scale_y + (scale_x - scale_y) * indicators) * inverse_variances[..., None]
+    terms = within_x.sub_(centre).square_().mul_(weight)
+    return k_xx, k_yy, k_xy, terms.amax(-2)
 
 
 def permutation_statistics(
@@ -461,7 +480,7 @@ def permutation_statistics(
         for block in indicators.split(chunk, dim=1)
     ]
     k_xx, k_yy, k_xy, mod = (torch.cat(parts, dim=-1) for parts in zip(*blocks, strict=True))
-    return PermutationStatistics(n, m, k_xx, k_yy, k_xy, mod)
+    return PermutationStatistics(n, m, k_xx, k_yy, k_xy, mod, off_diagonal_rms(K0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -506,7 +525,7 @@ def assemble_statistics(
             )[0]
     if any(name in FUSED_TESTS for name in tests):
         out["mod_fused"] = fused_mod(stats.mod[:bank_size])
-        normalisers = fuse_normalisers(kernels.matrices[:bank_size])
+        normalisers = stats.normalisers[:bank_size]
         out["mmd_fuse"] = mmd_fuse(stats.mmd2[:bank_size], normalisers, stats.n, stats.m)
     if "energy" in tests:
         out["energy"] = stats.mmd2[kernels.index("energy")]

@@ -231,10 +231,10 @@ def _source_cell_number(executed: Path, cell_index: int) -> int:
 
 
 def count_claims(notebook_path: Path) -> int:
-    """Number of claim checks that an executed notebook displays (see ``icml26.core``)."""
+    """Number of enforced claim checks an executed notebook displays (see ``icml26.core``)."""
     notebook = nbformat.read(notebook_path, as_version=4)
     return sum(
-        CLAIM_METADATA_KEY in output.get("metadata", {})
+        output.get("metadata", {}).get(CLAIM_METADATA_KEY, {}).get("enforced", False)
         for cell in notebook.cells if cell.cell_type == "code"
         for output in cell.get("outputs", [])
     )
@@ -342,7 +342,8 @@ def stage_sources(stage: Path, chapter_list: list[Chapter], root: Path = ROOT) -
 
 def render_html(stage: Path, out_root: Path) -> Path:
     """Run Jupyter Book on the staged, executed sources: strict, nitpicky, keep going."""
-    command = [sys.executable, "-m", "jupyter_book.cli.main", "build", str(stage),
+    jupyter_book = Path(sys.executable).with_name("jupyter-book")
+    command = [str(jupyter_book), "build", str(stage),
                "--path-output", str(out_root), "--warningiserror", "--nitpick", "--keep-going"]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
