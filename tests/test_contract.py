@@ -2,7 +2,6 @@
 
 import re
 
-import jupytext
 import pytest
 
 from icml26.pipeline import ROOT, chapters, read_source

@@ -5,12 +5,13 @@ import pytest
 import torch
 
 from icml26.core import (
-    ClaimFailed,
+    ClaimError,
     Timer,
     check_claim,
     check_tier,
     get_device,
     glue_number,
+    glue_text,
     set_seed,
     show_source,
     tier_settings,
@@ -66,7 +67,7 @@ def test_timer_measures_elapsed_time():
 def test_check_claim_passes_and_fails_with_numbers():
     claim = check_claim("power beats", 0.9, ">=", 0.5, power_a=0.9)
     assert claim.holds and claim.enforced
-    with pytest.raises(ClaimFailed, match=r"0\.2 >= 0\.5.*power_a=0\.2"):
+    with pytest.raises(ClaimError, match=r"0\.2 >= 0\.5.*power_a=0\.2"):
         check_claim("power beats", 0.2, ">=", 0.5, power_a=0.2)
     relaxed = check_claim("power beats", 0.2, ">=", 0.5, enforce=False)
     assert not relaxed.holds and "not enforced" in relaxed.describe()
@@ -83,6 +84,9 @@ def test_glue_number_rejects_non_numbers():
     with pytest.raises(TypeError, match="real number"):
         glue_number("name", "0.5")
     assert glue_number("name", np.float32(0.25)) == 0.25
+    with pytest.raises(TypeError, match="string"):
+        glue_text("name", [1, 2])
+    assert glue_text("name", "1, 2") == "1, 2"
 
 
 def test_show_source_renders_a_python_block():

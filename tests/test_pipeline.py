@@ -58,7 +58,8 @@ def test_kernel_cannot_reach_the_network(tmp_path):
     source = _myst(tmp_path / "nb.md", code)
     output = tmp_path / "out.ipynb"
     pipeline.execute_notebook(source, output, "smoke", 0)
-    printed = "".join(o.get("text", "") for o in nbformat.read(output, as_version=4).cells[-1].outputs)
+    outputs = nbformat.read(output, as_version=4).cells[-1].outputs
+    printed = "".join(o.get("text", "") for o in outputs)
     assert printed.split() == ["refused", "True", "1"]
 
 

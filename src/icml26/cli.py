@@ -39,7 +39,8 @@ def _list(_: argparse.Namespace) -> None:
 def _run(args: argparse.Namespace) -> None:
     chapter = pipeline.find_chapter(args.slug)
     tier, seed = _tier(args.tier), _seed(args.seed)
-    output = Path(args.output or pipeline.ROOT / "_build" / "executed" / tier / f"{args.slug}.ipynb")
+    default = pipeline.ROOT / "_build" / "executed" / tier / f"{args.slug}.ipynb"
+    output = Path(args.output) if args.output else default
     print(f"{chapter.slug}: executing at {tier} tier, seed {seed}", flush=True)
     record = pipeline.run_chapter(chapter, tier, seed, output, use_cache=not args.no_cache)
     pipeline.save_history([record])

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 TIERS = ("smoke", "book", "full")
-"""Run sizes: ``smoke`` (CI, <= 20 s), ``book`` (the rendered book, <= 120 s), ``full`` (closest to the paper)."""
+"""Run sizes: ``smoke`` (CI, <= 20 s), ``book`` (<= 120 s) and ``full`` (the paper's scale)."""
 
 CLAIM_METADATA_KEY = "icml26_claim"
 """Key of the output metadata by which the build counts a chapter's checked claims."""
@@ -106,7 +106,7 @@ class Timer:
 
 
 def glue_number(name: str, value: float, display: bool = False) -> float:
-    """Glue a headline number under ``name`` so the text quotes it with ``{glue:text}`name:.3f```."""
+    """Glue a headline number under ``name``; the text quotes it with ``{glue:text}`name:.3f```."""
     if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool):
         raise TypeError(f"glued value {name!r} must be a real number, got {type(value).__name__}")
     from myst_nb import glue
@@ -116,7 +116,24 @@ def glue_number(name: str, value: float, display: bool = False) -> float:
     return value
 
 
-class ClaimFailed(AssertionError):
+def glue_text(name: str, text: str, display: bool = False) -> str:
+    """Glue a short text (say, a list of values) under ``name``: ``{glue:text}`name```."""
+    if not isinstance(text, str):
+        raise TypeError(f"glued text {name!r} must be a string, got {type(text).__name__}")
+    from myst_nb import glue
+
+    glue(name, _PlainText(text), display=display)
+    return text
+
+
+class _PlainText(str):
+    """A string whose ``repr`` is itself, so glued text shows without quotes."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+class ClaimError(AssertionError):
     """A claim of the paper did not hold in this run; the message shows the numbers."""
 
 
@@ -140,10 +157,10 @@ class Claim:
 def check_claim(
     statement: str, lhs: float, op: str, rhs: float, *, enforce: bool = True, **context: float
 ) -> Claim:
-    """Check ``lhs op rhs`` for a claim stated in words; raise :class:`ClaimFailed` if it fails.
+    """Check ``lhs op rhs`` for a claim stated in words; raise :class:`ClaimError` if it fails.
 
     ``context`` holds the numbers behind ``lhs`` (for example both powers of a difference); they
-    appear in the message. With ``enforce=False`` (smoke tier) a failed claim is reported, not raised.
+    appear in the message. With ``enforce=False`` (smoke tier) a failed claim is shown, not raised.
     """
     if op not in _OPERATORS:
         raise ValueError(f"unknown comparison {op!r}; choose one of {', '.join(_OPERATORS)}")
@@ -154,7 +171,7 @@ def check_claim(
     details = ", ".join(f"{key}={float(val):.4g}" for key, val in context.items())
     message = claim.describe() + (f"; {details}" if details else "")
     if enforce and not claim.holds:
-        raise ClaimFailed(message)
+        raise ClaimError(message)
     _display_claim(claim, message)
     return claim
 

@@ -216,8 +216,9 @@ def execute_notebook(source: Path, output: Path, tier: str, seed: int, label: st
             )
     except PapermillExecutionError as error:
         first_line = next((ln for ln in error.source.splitlines() if ln.strip()), "")
+        cell = _source_cell_number(output, error.cell_index)
         raise PipelineError(
-            f"{label or source}: cell {_source_cell_number(output, error.cell_index)} of the source "
+            f"{label or source}: cell {cell} of the source "
             f"(starting {first_line!r}) raised {error.ename}: {error.evalue}"
         ) from None
     return time.perf_counter() - start
@@ -226,7 +227,8 @@ def execute_notebook(source: Path, output: Path, tier: str, seed: int, label: st
 def _source_cell_number(executed: Path, cell_index: int) -> int:
     """1-based number of a cell in the source, discounting the cell papermill injected."""
     cells = nbformat.read(executed, as_version=4).cells
-    injected = [i for i, c in enumerate(cells) if "injected-parameters" in c.metadata.get("tags", [])]
+    tags = [cell.metadata.get("tags", []) for cell in cells]
+    injected = [i for i, cell_tags in enumerate(tags) if "injected-parameters" in cell_tags]
     return cell_index + 1 - sum(i < cell_index for i in injected)
 
 
@@ -261,7 +263,7 @@ def run_chapter(
         record.cached = True
         return record
     seconds = execute_notebook(chapter.source, output, tier, seed, label=f"chapter {chapter.slug}")
-    finished = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    finished = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     record = RunRecord(chapter.slug, tier, seed, round(seconds, 2), count_claims(output), False,
                        key, finished)
     cache.mkdir(parents=True, exist_ok=True)
