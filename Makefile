@@ -6,10 +6,14 @@ STAMP := $(VENV)/.installed
 TIER ?= book
 SEED ?= 0
 
-.PHONY: book test env lint lock clean
+.PHONY: book student-book test env lint lock clean
 
 book: $(STAMP)
 	$(BIN)/icml26 build --tier $(TIER) --seed $(SEED)
+
+# The student edition: the same executed chapters with every exercise solution removed.
+student-book: $(STAMP)
+	$(BIN)/icml26 build --student --tier $(TIER) --seed $(SEED)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

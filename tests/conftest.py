@@ -20,3 +20,11 @@ def smoke_build(tmp_path_factory) -> tuple[list[pipeline.RunRecord], Path]:
 @pytest.fixture(scope="session")
 def built_html(smoke_build) -> Path:
     return smoke_build[1]
+
+
+@pytest.fixture(scope="session")
+def student_html(smoke_build) -> Path:
+    """The student edition, rendered from the smoke build's cached notebooks."""
+    out_root = smoke_build[1].parents[1]
+    pipeline.build("smoke", 0, out_root=out_root, student=True, report=print)
+    return pipeline.student_html_dir(out_root)

@@ -3,6 +3,9 @@
     icml26 list                                # chapters, parts, tiers and last runtimes
     icml26 run mod-test --tier smoke --seed 3  # execute one chapter into an .ipynb
     icml26 build --tier book                   # what `make book` calls
+    icml26 build --student                     # the student edition (solutions removed)
+    icml26 export --student [SLUG ...]         # lab notebooks with stubs for the exercises
+    icml26 check mod-test my-notebook.ipynb    # grade a lab notebook, exercise by exercise
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from icml26 import pipeline
+from icml26 import labs, pipeline
 from icml26.core import TIERS
 
 
@@ -52,7 +55,28 @@ def _run(args: argparse.Namespace) -> None:
 def _build(args: argparse.Namespace) -> None:
     out_root = Path(args.out_root).resolve() if args.out_root else pipeline.ROOT
     pipeline.build(_tier(args.tier), _seed(args.seed), out_root=out_root,
-                   use_cache=not args.no_cache, report=lambda line: print(line, flush=True))
+                   use_cache=not args.no_cache, student=args.student,
+                   report=lambda line: print(line, flush=True))
+
+
+def _export(args: argparse.Namespace) -> None:
+    selected = [pipeline.find_chapter(s) for s in args.slugs] or pipeline.chapters()
+    edition = "student" if args.student else "instructor"
+    out_dir = Path(args.out or pipeline.ROOT / "_build" / "labs" / edition)
+    for chapter in selected:
+        print(f"{chapter.slug}: wrote {labs.export_chapter(chapter, out_dir, args.student)}")
+
+
+def _check(args: argparse.Namespace) -> int:
+    notebook = Path(args.notebook)
+    if not notebook.is_file():
+        raise ValueError(f"no such notebook: {notebook}")
+    results = labs.grade(args.slug, notebook, _tier(args.tier))
+    for result in results:
+        print(f"{'PASS' if result.passed else 'FAIL'}  {result.exercise}: {result.message}")
+    passed = sum(r.passed for r in results)
+    print(f"{passed} passed, {len(results) - passed} failed")
+    return 0 if passed == len(results) else 1
 
 
 def parser() -> argparse.ArgumentParser:
@@ -65,6 +89,20 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--output", help="executed notebook (default _build/executed/TIER/SLUG.ipynb)")
     build = commands.add_parser("build", help="execute every chapter and render the HTML book")
     build.add_argument("--out-root", help="folder that receives _build/ (default: the repository)")
+    build.add_argument("--student", action="store_true",
+                       help="render the student edition (solutions removed) instead")
+    export = commands.add_parser("export", help="write lab notebooks (student or instructor)")
+    edition = export.add_mutually_exclusive_group(required=True)
+    edition.add_argument("--student", action="store_true", help="solutions replaced by stubs")
+    edition.add_argument("--instructor", action="store_true", help="solutions included")
+    export.add_argument("slugs", nargs="*", help="chapters (default: all)")
+    export.add_argument("--out", help="folder (default _build/labs/student or .../instructor)")
+    export.set_defaults(handler=_export)
+    check = commands.add_parser("check", help="grade a lab notebook exercise by exercise")
+    check.add_argument("slug")
+    check.add_argument("notebook")
+    check.add_argument("--tier", default="smoke", help="tier to run the notebook at")
+    check.set_defaults(handler=_check)
     for sub, handler in ((run, _run), (build, _build)):
         sub.add_argument("--tier", default="book", help=f"one of {', '.join(TIERS)} (default book)")
         sub.add_argument("--seed", default="0", help="non-negative integer (default 0)")
@@ -76,11 +114,10 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        args.handler(args)
+        return args.handler(args) or 0
     except (ValueError, pipeline.PipelineError) as error:
         print(f"icml26: error: {error}", file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 ROOT = Path(os.environ.get("ICML26_ROOT", PACKAGE_DIR.parents[1])).resolve()
 LOCK_FILE = ROOT / "requirements" / "lock.txt"
 CHAPTER_DIR = "book/chapters"
-PIPELINE_VERSION = "1"  # bump to invalidate every cached notebook
+PIPELINE_VERSION = "2"  # bump to invalidate every cached notebook
 STATUS_TABLE = "book/appendix/_status_table.md"  # written by the build, included by status.md
 
 
@@ -221,7 +221,16 @@ def execute_notebook(source: Path, output: Path, tier: str, seed: int, label: st
             f"{label or source}: cell {cell} of the source "
             f"(starting {first_line!r}) raised {error.ename}: {error.evalue}"
         ) from None
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    _record_input_path(output, source)
+    return seconds
+
+
+def _record_input_path(executed: Path, source: Path) -> None:
+    """Papermill stores an in-memory input notebook whole; keep only the source's path."""
+    notebook = nbformat.read(executed, as_version=4)
+    notebook.metadata["papermill"]["input_path"] = str(source)
+    nbformat.write(notebook, executed)
 
 
 def _source_cell_number(executed: Path, cell_index: int) -> int:
@@ -355,14 +364,37 @@ def render_html(stage: Path, out_root: Path) -> Path:
     return out_root / "_build" / "html"
 
 
+def student_html_dir(out_root: Path = ROOT) -> Path:
+    """Where the student edition (solutions removed) is rendered."""
+    return out_root / "_build" / "student" / "_build" / "html"
+
+
+def _make_student_edition(stage: Path, selected: list[Chapter]) -> None:
+    """Strip solutions from the staged notebooks and turn on sphinx-exercise's hide_solutions."""
+    from icml26.labs import export_notebook  # labs builds on this module
+
+    for chapter in selected:
+        path = stage / CHAPTER_DIR / f"{chapter.slug}.ipynb"
+        student = export_notebook(nbformat.read(path, as_version=4), student=True)
+        _write_if_changed(path, nbformat.writes(student))
+    config = yaml.safe_load((stage / "_config.yml").read_text(encoding="utf-8"))
+    config["title"] += " (student edition)"
+    config.setdefault("sphinx", {}).setdefault("config", {})["hide_solutions"] = True
+    _write_if_changed(stage / "_config.yml", yaml.safe_dump(config, sort_keys=False))
+
+
 def build(
     tier: str = "book", seed: int = 0, *, out_root: Path = ROOT, use_cache: bool = True,
-    report: Callable[[str], None] = print,
+    student: bool = False, report: Callable[[str], None] = print,
 ) -> list[RunRecord]:
-    """Execute every chapter at ``tier`` and render the book into ``out_root/_build/html``."""
+    """Execute every chapter at ``tier`` and render the book into ``out_root/_build/html``.
+
+    With ``student=True`` the same executed chapters, with every exercise solution removed, are
+    rendered into :func:`student_html_dir` instead.
+    """
     validate_parameters(tier, seed)
     selected = chapters()
-    stage = out_root / "_build" / "stage"
+    stage = out_root / "_build" / ("student-stage" if student else "stage")
     records = []
     total = time.perf_counter()
     for index, chapter in enumerate(selected, start=1):
@@ -377,8 +409,11 @@ def build(
     table = summary_table(records, selected)
     stage_sources(stage, selected)
     _write_if_changed(stage / STATUS_TABLE, table)
-    report("rendering HTML with Jupyter Book (-n -W --keep-going)")
-    html = render_html(stage, out_root)
+    if student:
+        _make_student_edition(stage, selected)
+    edition = "student edition" if student else "book"
+    report(f"rendering the {edition} with Jupyter Book (-n -W --keep-going)")
+    html = render_html(stage, out_root / "_build" / "student" if student else out_root)
     report(table)
-    report(f"book built in {time.perf_counter() - total:.1f} s: {html / 'index.html'}")
+    report(f"{edition} built in {time.perf_counter() - total:.1f} s: {html / 'index.html'}")
     return records
