@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TIER ?= book
 SEED ?= 0
+# Sleeping (not spinning) OpenMP threads: torch stays fast when the cores are shared.
+export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: book student-book test env lint lock clean
 

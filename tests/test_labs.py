@@ -120,7 +120,8 @@ def test_student_site_leaks_no_solution(student_html):
 def test_stub_source_keeps_signatures_and_docstrings():
     code = ('import math\n\n\n@staticmethod\ndef area(r: float, *, exact=True) -> float:\n'
             '    """Disc area."""\n    def helper():\n        return math.pi\n'
-            '    return helper() * r**2\n\n\ndef twice(x):\n    return 2 * x\n\n\nprint(twice(3))\n')
+            '    return helper() * r**2\n\n\ndef twice(x):\n    return 2 * x\n\n\n'
+            'print(twice(3))\n')
     stub = labs.stub_source(code, "ex-area")
     assert labs.function_signatures(stub) == labs.function_signatures(code)
     assert '"""Disc area."""' in stub and "helper" not in stub and "2 * x" not in stub

@@ -12,15 +12,6 @@ from icml26.data import two_sample
 from icml26.kernels import DEFAULT_BANK_SPECS, kernel_bank
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Small tensors: one thread avoids thread-pool overhead, and contention on shared cores."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def gaussian_gram(Z, bandwidth=1.5):
     squared = ((Z[:, None, :] - Z[None, :, :]) ** 2).sum(-1)
     return np.exp(-squared / (2 * bandwidth**2))

@@ -23,7 +23,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 from hyppo.ksample import MMD, Energy
 
 import icml26.mod_test as mt
@@ -31,15 +30,6 @@ from icml26.data import two_sample
 from icml26.kernels import kernel_bank
 
 PERMUTATIONS = 1000
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Small tensors: one thread avoids thread-pool overhead, and contention on shared cores."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def u_centre(A):

@@ -44,6 +44,12 @@ def test_failing_cell_is_named(tmp_path):
         pipeline.execute_notebook(source, tmp_path / "out.ipynb", "smoke", 0, label="chapter t")
 
 
+def test_dead_kernel_is_reported_with_the_notebook(tmp_path):
+    source = _myst(tmp_path / "nb.md", "import os\nos._exit(1)")
+    with pytest.raises(pipeline.PipelineError, match="chapter t: the kernel stopped"):
+        pipeline.execute_notebook(source, tmp_path / "out.ipynb", "smoke", 0, label="chapter t")
+
+
 def test_missing_parameters_cell_is_refused(tmp_path):
     source = _myst(tmp_path / "nb.md", "x = 1", tagged=False)
     with pytest.raises(pipeline.PipelineError, match="parameters"):

@@ -30,6 +30,7 @@ import jupytext
 import nbformat
 import papermill
 import yaml
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from papermill.exceptions import PapermillExecutionError
 
 from icml26.core import CLAIM_METADATA_KEY, check_tier
@@ -177,11 +178,13 @@ def cache_key(chapter: Chapter, tier: str, seed: int) -> str:
 
 @contextlib.contextmanager
 def _offline_kernel_environment() -> Iterator[None]:
-    """Environment inherited by the kernel: the socket guard on PYTHONPATH, hubs offline."""
+    """Environment inherited by the kernel: the socket guard on PYTHONPATH, hubs offline, and
+    OpenMP threads that sleep instead of spinning while they wait."""
     guard = str(PACKAGE_DIR / "offline_guard")
     saved = dict(os.environ)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [guard, saved.get("PYTHONPATH")]))
     os.environ.update({"ICML26_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see icml26/__init__.py
     try:
         yield
     finally:
@@ -221,6 +224,9 @@ def execute_notebook(source: Path, output: Path, tier: str, seed: int, label: st
             f"{label or source}: cell {cell} of the source "
             f"(starting {first_line!r}) raised {error.ename}: {error.evalue}"
         ) from None
+    except (DeadKernelError, CellTimeoutError) as error:
+        message = f"{label or source}: the kernel stopped ({error}); out of memory?"
+        raise PipelineError(message) from None
     seconds = time.perf_counter() - start
     _record_input_path(output, source)
     return seconds
