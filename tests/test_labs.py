@@ -11,7 +11,7 @@ from bs4 import BeautifulSoup
 from nbclient import NotebookClient
 
 from icml26 import labs
-from icml26.pipeline import chapters, read_source
+from icml26.pipeline import PACKAGE_DIR, chapters, read_source
 
 CHAPTERS = chapters()
 IDS = [c.slug for c in CHAPTERS]
@@ -77,9 +77,12 @@ def test_student_notebook_runs_with_only_not_implemented_errors(chapter, exporte
 
 
 def _fingerprints(chapter) -> list[str]:
-    """Lines that only a solution contains: solution code and prose absent from the student copy."""
+    """Lines only a solution contains: absent from the student copy and from the library (which
+    pages may show with ``show_source``), plus the solution prose."""
     student = labs.export_notebook(read_source(chapter.source), student=True)
-    public = {ln.strip() for cell in student.cells for ln in cell.source.splitlines()}
+    library = [p.read_text(encoding="utf-8") for p in PACKAGE_DIR.rglob("*.py")]
+    public = {ln.strip() for text in [c.source for c in student.cells] + library
+              for ln in text.splitlines()}
     lines = []
     for solution, _ in _solution_cells(chapter):
         lines += [ln.strip() for ln in solution.splitlines()
