@@ -8,13 +8,24 @@ import pytest
 
 from icml26 import pipeline
 
+SMOKE_RECORDS: list[pipeline.RunRecord] = []
+
 
 @pytest.fixture(scope="session")
 def smoke_build(tmp_path_factory) -> tuple[list[pipeline.RunRecord], Path]:
     """Execute every chapter at smoke tier (fresh, no shared cache) and render the strict book."""
     out_root = tmp_path_factory.mktemp("book")
     records = pipeline.build("smoke", 0, out_root=out_root, report=print)
+    SMOKE_RECORDS.extend(records)
     return records, out_root / "_build" / "html"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print every chapter's measured smoke-tier time at the end of the run."""
+    if SMOKE_RECORDS:
+        terminalreporter.section("smoke-tier execution times (budget 20 s each)")
+        for record in SMOKE_RECORDS:
+            terminalreporter.write_line(f"{record.slug:<28} {record.seconds:6.1f} s")
 
 
 @pytest.fixture(scope="session")
