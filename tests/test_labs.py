@@ -86,7 +86,7 @@ def _fingerprints(chapter) -> list[str]:
     lines = []
     for solution, _ in _solution_cells(chapter):
         lines += [ln.strip() for ln in solution.splitlines()
-                  if len(ln.strip()) >= 12 and ln.strip() not in public]
+                  if len(ln.strip()) >= 20 and ln.strip() not in public]
     text = chapter.source.read_text(encoding="utf-8")
     for block in re.findall(r"\{solution-start\}.*?\n(?:`{3,}|:{3,})\n(.*?)\{solution-end\}",
                             text, re.DOTALL):

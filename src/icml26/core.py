@@ -122,15 +122,8 @@ def glue_text(name: str, text: str, display: bool = False) -> str:
         raise TypeError(f"glued text {name!r} must be a string, got {type(text).__name__}")
     from myst_nb import glue
 
-    glue(name, _PlainText(text), display=display)
+    glue(name, text, display=display)  # stored quoted; myst-nb's glue role strips the quotes
     return text
-
-
-class _PlainText(str):
-    """A string whose ``repr`` is itself, so glued text shows without quotes."""
-
-    def __repr__(self) -> str:
-        return str(self)
 
 
 class ClaimError(AssertionError):

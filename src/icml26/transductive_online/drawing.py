@@ -1,0 +1,62 @@
+"""Draw level-constrained trees and LCLL trees (trees of level-constrained trees)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from icml26.plotting import PALETTE
+
+from .trees import LCLLNode, LCNode
+
+
+def _layout(root, point_name: Callable[[int], str], leaf_name: Callable[[int], str]):
+    """Positions of nodes and edges: leaves on consecutive x, parents centred over children.
+
+    Every LCLL node starts a new colour group, so the blocks of the tree of trees stand out.
+    """
+    nodes, edges, counter = [], [], {"leaf": 0, "group": -1}
+
+    def walk(node, depth: int, group: int) -> tuple[float, int]:
+        if isinstance(node, LCLLNode):
+            counter["group"] += 1
+            return walk(node.tree, depth, counter["group"])
+        if isinstance(node, LCNode):
+            placed = [(label, *walk(child, depth + 1, group)) for label, child in node.branches]
+            x = sum(px for _, px, _ in placed) / len(placed)
+            index = len(nodes)
+            nodes.append({"x": x, "y": -depth, "text": point_name(node.point), "group": group})
+            edges.extend((index, child_index, label) for label, _, child_index in placed)
+            return x, index
+        x = float(counter["leaf"])
+        counter["leaf"] += 1
+        nodes.append({"x": x, "y": -depth, "text": leaf_name(int(node)), "group": None})
+        return x, len(nodes) - 1
+
+    walk(root, 0, counter["group"] + 1 if isinstance(root, LCNode) else 0)
+    return nodes, edges
+
+
+def draw_tree(ax, root, point_name: Callable[[int], str] = str,
+              leaf_name: Callable[[int], str] = lambda h: f"h{h}") -> None:
+    """Draw a level-constrained tree (:class:`LCNode`) or an LCLL tree (:class:`LCLLNode`).
+
+    Internal nodes show their point, edges their label and leaves a hypothesis consistent with the
+    path; in an LCLL tree each node's level-constrained tree gets its own colour.
+    """
+    nodes, edges = _layout(root, point_name, leaf_name)
+    for parent, child, label in edges:
+        a, b = nodes[parent], nodes[child]
+        ax.plot([a["x"], b["x"]], [a["y"], b["y"]], color="0.6", linewidth=1, zorder=1)
+        ax.text((a["x"] + b["x"]) / 2, (a["y"] + b["y"]) / 2, str(label), fontsize=8,
+                ha="center", va="center", bbox={"boxstyle": "round,pad=0.1", "fc": "white",
+                                                "ec": "none"}, zorder=3)
+    for node in nodes:
+        leaf = node["group"] is None
+        color = "white" if leaf else PALETTE[node["group"] % len(PALETTE)]
+        ax.text(node["x"], node["y"], node["text"], fontsize=8 if leaf else 9, ha="center",
+                va="top" if leaf else "center", color="black" if leaf else "white",
+                rotation=90 if leaf else 0, zorder=4,
+                bbox={"boxstyle": "round,pad=0.25", "fc": color, "ec": "0.4" if leaf else color})
+    ax.set_xlim(-0.7, max(n["x"] for n in nodes) + 0.7)
+    ax.set_ylim(min(n["y"] for n in nodes) - 1.2, 0.5)
+    ax.axis("off")
