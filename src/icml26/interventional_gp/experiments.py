@@ -1,0 +1,226 @@
+"""Fitting every method on one data set, evaluating against the truth, and the seed studies.
+
+:func:`fit_methods` sees only observed data; :func:`evaluate` is the one place where the ground
+truth enters, after all fitting and calibration is done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from icml26.core import Timer
+
+from .baselines import fit_sampling_stage, sampling_gp_moments
+from .calibration import (
+    LEVELS,
+    SCALES,
+    CalibrationResult,
+    calibrate_measure_scale,
+    calibration_score,
+    coverage_curve,
+)
+from .cbo import BOTrace, bayes_opt, causal_prior
+from .kernels import GaussianKernel, data_measure
+from .posterior import (
+    FusedData,
+    GPStage,
+    ImpspecPosterior,
+    Intervention,
+    bayesimp_code_moments,
+    bayesimp_moments,
+)
+from .simulators import mediator_chain
+from .training import fit_bayesimp_outcome, fit_outcome_stage, fit_treatment_stage
+
+METHODS = ("impspec_cal", "impspec", "bayesimp", "bayesimp_exact", "sampling_gp")
+LABELS = {"impspec_cal": "IMPspec + calibration", "impspec": "IMPspec ($\\nu_s = 1$)",
+          "bayesimp": "BayesIMP (authors' formula)", "bayesimp_exact": "BayesIMP (all exact)",
+          "sampling_gp": "sampling GP"}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Posterior mean and sd of $\\theta$ on the intervention grid."""
+
+    mean: np.ndarray
+    sd: np.ndarray
+
+
+@dataclass
+class Fit:
+    """Everything learned from one data set, and the wall-clock seconds of each stage."""
+
+    outcome: GPStage
+    treatment: GPStage
+    posterior: ImpspecPosterior
+    calibration: CalibrationResult | None = None
+    bayesimp: tuple[GPStage, GPStage] | None = None
+    estimates: dict[str, Estimate] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _estimate(mean, variance) -> Estimate:
+    return Estimate(np.asarray(mean, float), np.sqrt(np.clip(np.asarray(variance, float), 0, None)))
+
+
+def fit_impspec(data: FusedData, intervention: Intervention, max_iter: int) -> Fit:
+    """Both IMPspec stages (Eqs. (17), (18)) and the posterior on the grid (no calibration)."""
+    with Timer() as t_outcome:
+        outcome = fit_outcome_stage(data.V1, data.Y, max_iter)
+    with Timer() as t_treatment:
+        K00 = outcome.kernel.gram(data.V0)
+        treatment = fit_treatment_stage(data.A, K00, outcome.kernel.outputscale, max_iter)
+    posterior = ImpspecPosterior(data, outcome, treatment, intervention)
+    seconds = {"outcome stage": t_outcome.seconds, "treatment stage": t_treatment.seconds}
+    return Fit(outcome, treatment, posterior, seconds=seconds)
+
+
+def fit_bayesimp(data: FusedData, intervention: Intervention, max_iter: int):
+    """BayesIMP ($\\nu_s = 1$): marginal likelihood under $r$, Eq. (18) with its own $k_V$.
+
+    Returns the two stages and the moments of both variance formulas (authors', exact).
+    """
+    outcome = fit_bayesimp_outcome(data.V1, data.Y, max_iter)
+    K00 = outcome.kernel.gram(data.V0)
+    treatment = fit_treatment_stage(data.A, K00, outcome.kernel.outputscale, max_iter)
+    measure = data_measure(data.V1, 1.0)
+    moments = {"bayesimp": bayesimp_code_moments(data, outcome, treatment, intervention, measure),
+               "bayesimp_exact": bayesimp_moments(data, outcome, treatment, intervention, measure)}
+    return (outcome, treatment), moments
+
+
+def fit_methods(data: FusedData, intervention: Intervention, max_iter: int = 100,
+                scales=SCALES, n_boot: int = 20, n_draws: int = 50, n_inner: int = 10,
+                seed: int = 0, methods=METHODS) -> Fit:
+    """Fit the requested methods on observed data only; return their estimates on the grid."""
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise ValueError(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
+    fit = fit_impspec(data, intervention, max_iter)
+    post = fit.posterior
+    fit.estimates["impspec"] = _estimate(post.mean, post.variance(1.0))
+    if "impspec_cal" in methods:
+        with Timer() as timer:
+            fit.calibration = calibrate_measure_scale(data, fit.outcome, fit.treatment,
+                                                      intervention, scales, n_boot, seed=seed)
+        fit.seconds["calibration"] = timer.seconds
+        fit.estimates["impspec_cal"] = _estimate(post.mean, post.variance(fit.calibration.scale))
+    if {"bayesimp", "bayesimp_exact"} & set(methods):
+        with Timer() as timer:
+            fit.bayesimp, moments = fit_bayesimp(data, intervention, max_iter)
+        fit.seconds["BayesIMP"] = timer.seconds
+        for name in {"bayesimp", "bayesimp_exact"} & set(methods):
+            fit.estimates[name] = _estimate(moments[name].mean, moments[name].variance)
+    if "sampling_gp" in methods:
+        with Timer() as timer:
+            stage = fit_sampling_stage(data, max_iter)
+            mean, var = sampling_gp_moments(data, fit.outcome, stage, intervention, n_draws,
+                                            n_inner, seed)
+        fit.seconds["sampling GP"] = timer.seconds
+        fit.estimates["sampling_gp"] = _estimate(mean, var)
+    fit.estimates = {name: fit.estimates[name] for name in METHODS if name in fit.estimates}
+    return fit
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """RMSE, coverage of the truth at each level, and the calibration score."""
+
+    rmse: float
+    coverage: np.ndarray
+    score: float
+
+
+def evaluate(estimates: dict[str, Estimate], truth, levels=LEVELS) -> dict[str, Metrics]:
+    """Score each estimate against the true interventional function (latent variances)."""
+    truth = np.asarray(truth, float)
+    metrics = {}
+    for name, est in estimates.items():
+        coverage = coverage_curve(truth, est.mean, est.sd, levels)
+        rmse = float(np.sqrt(np.mean((est.mean - truth) ** 2)))
+        metrics[name] = Metrics(rmse, coverage, calibration_score(coverage, levels))
+    return metrics
+
+
+@dataclass(frozen=True)
+class SeedResult:
+    """One seed of the mediator-chain study."""
+
+    seed: int
+    metrics: dict[str, Metrics]
+    scale: float
+    bo: dict[str, BOTrace]
+    seconds: dict[str, float]
+
+
+def run_cbo(fit: Fit, truth, grid, n_iter: int, start: int) -> dict[str, BOTrace]:
+    """EI with the causal prior (calibrated IMPspec) against a zero-mean GP, same base kernel."""
+    base = GaussianKernel(fit.treatment.kernel.lengthscale, float(fit.posterior.data.Y.var()))
+    base_cov = base.gram(grid).numpy()
+    est = fit.estimates.get("impspec_cal", fit.estimates["impspec"])
+    mean, cov = causal_prior(est.mean, est.sd**2, base_cov)
+    return {"causal": bayes_opt(truth, mean, cov, n_iter, start),
+            "zero_mean": bayes_opt(truth, np.zeros_like(truth), base_cov, n_iter, start)}
+
+
+def run_mediator_seed(seed: int, n: int = 100, d: int = 5, noise: float = 0.5,
+                      grid_size: int = 50, bo_iter: int = 10, **fit_options) -> SeedResult:
+    """Simulate, fit every method, then evaluate and run causal BO against the truth."""
+    chain = mediator_chain(n, d, noise, seed, grid_size)
+    fit = fit_methods(chain.observed(), chain.intervention(), seed=seed, **fit_options)
+    truth = chain.truth()
+    start = int(np.random.default_rng(seed).integers(grid_size))
+    with Timer() as timer:
+        bo = run_cbo(fit, truth, chain.grid, bo_iter, start)
+    seconds = dict(fit.seconds, **{"causal BO": timer.seconds})
+    scale = fit.calibration.scale if fit.calibration else 1.0
+    return SeedResult(seed, evaluate(fit.estimates, truth), scale, bo, seconds)
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    """Averages over the seeds of a mediator-chain study."""
+
+    rmse: dict[str, float]
+    score: dict[str, float]
+    score_se: dict[str, float]
+    coverage: dict[str, np.ndarray]
+    regret: dict[str, np.ndarray]
+    scales: list[float]
+    seconds: dict[str, float]
+
+    def bo_regret(self, name: str) -> float:
+        """Simple regret averaged over the queries after the first (Eq. (27))."""
+        return float(self.regret[name][1:].mean())
+
+
+def run_study(seeds, **options) -> list[SeedResult]:
+    """:func:`run_mediator_seed` for every seed."""
+    return [run_mediator_seed(int(seed), **options) for seed in seeds]
+
+
+def summarise(results: list[SeedResult]) -> StudySummary:
+    """Mean RMSE, calibration score (with its standard error), coverage and regret curves."""
+    if not results:
+        raise ValueError("no seeds to summarise")
+    names = list(results[0].metrics)
+
+    def per_seed(name, attr):
+        return np.array([getattr(r.metrics[name], attr) for r in results])
+
+    scores = {name: per_seed(name, "score") for name in names}
+    return StudySummary(
+        rmse={name: float(per_seed(name, "rmse").mean()) for name in names},
+        score={name: float(s.mean()) for name, s in scores.items()},
+        score_se={name: float(s.std(ddof=1) / np.sqrt(len(s))) if len(s) > 1 else float("nan")
+                  for name, s in scores.items()},
+        coverage={name: np.mean([r.metrics[name].coverage for r in results], 0)
+                  for name in names},
+        regret={kind: np.mean([r.bo[kind].regret for r in results], 0)
+                for kind in results[0].bo},
+        scales=[r.scale for r in results],
+        seconds={stage: float(np.mean([r.seconds[stage] for r in results]))
+                 for stage in results[0].seconds},
+    )
