@@ -1,0 +1,61 @@
+"""RaBiT: residual-aware binarization training (chapter ``rabit``).
+
+:mod:`~icml26.rabit.binarize` holds the residual binary layer, its initialisations and the RTN
+baseline; :mod:`~icml26.rabit.packed` the bit-packed matmul-free inference and the bytes-moved
+model; :mod:`~icml26.rabit.experiment` quantises and trains a whole :class:`icml26.nn.TinyGPT`.
+"""
+
+from icml26.rabit.binarize import (
+    MODES,
+    BinaryPaths,
+    ResidualBinaryLinear,
+    binary_sign,
+    check_activations,
+    check_paths,
+    check_weight,
+    consistent_latent,
+    function_aware_init,
+    output_error,
+    refit_out_scales,
+    residual_svid,
+    rtn_quantize,
+    sign_ste,
+    svid,
+)
+from icml26.rabit.experiment import (
+    INITS,
+    METHODS,
+    QATRun,
+    build_quantized,
+    initial_paths,
+    latent_elements,
+    model_bits_per_weight,
+    optimizer_state_elements,
+    path_output_correlation,
+    pearson,
+    quantized_layers,
+    rtn_model,
+    run_qat,
+    sweep_learning_rate,
+)
+from icml26.rabit.packed import (
+    DecodeTraffic,
+    PackedResidualBinary,
+    bits_per_weight,
+    llama_decode_traffic,
+    median_time,
+    pack_signs,
+    packed_sign_matvec,
+    subset_sum_table,
+)
+
+__all__ = [
+    "INITS", "METHODS", "MODES", "BinaryPaths", "DecodeTraffic", "PackedResidualBinary",
+    "QATRun", "ResidualBinaryLinear", "binary_sign", "bits_per_weight", "build_quantized",
+    "check_activations", "check_paths", "check_weight", "consistent_latent",
+    "function_aware_init", "initial_paths", "latent_elements", "llama_decode_traffic",
+    "median_time", "model_bits_per_weight", "optimizer_state_elements", "output_error",
+    "pack_signs", "packed_sign_matvec", "path_output_correlation", "pearson", "quantized_layers",
+    "refit_out_scales", "residual_svid", "rtn_model", "rtn_quantize", "run_qat", "sign_ste",
+    "subset_sum_table", "svid", "sweep_learning_rate",
+]

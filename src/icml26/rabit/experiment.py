@@ -1,0 +1,176 @@
+"""Quantising a whole :class:`icml26.nn.TinyGPT`: initialisation, QAT, and the measurements.
+
+Every Linear layer inside the transformer blocks is quantised; embeddings, LayerNorms and the
+output head stay in floating point (as in the paper). The QAT methods differ only in how the
+residual binary layers are trained:
+
+* ``"independent"``: one latent per path (standard residual-binarization QAT);
+* ``"freeze"``: the same, with path 1 frozen at its initialisation (the path-freezing heuristic);
+* ``"rabit"``: one shared latent, paths derived sequentially (RaBiT).
+
+All three start from the same binary paths, hence from exactly the same function, and train with
+the same distillation loss, optimizer, schedule, steps and batches.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from icml26 import nn as tnn
+from icml26.rabit.binarize import (
+    BinaryPaths,
+    ResidualBinaryLinear,
+    function_aware_init,
+    residual_svid,
+    rtn_quantize,
+)
+from icml26.rabit.packed import bits_per_weight
+
+METHODS = ("independent", "freeze", "rabit")
+INITS = ("function", "weight")
+
+
+def initial_paths(model: nn.Module, calibration_tokens: torch.Tensor, paths: int = 2,
+                  rounds: int = 2, init: str = "function") -> dict[str, BinaryPaths]:
+    """Binary paths for every block Linear of ``model``.
+
+    ``init="function"`` uses :func:`function_aware_init` on the layer's calibration inputs;
+    ``init="weight"`` is plain greedy residual SVID on the weight (no data).
+    """
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    layers = tnn.linear_layers(model)
+    inputs = tnn.record_inputs(model, calibration_tokens, layers) if init == "function" else {}
+    with torch.no_grad():
+        return {name: function_aware_init(layer.weight, inputs[name], paths, rounds)
+                if init == "function" else residual_svid(layer.weight, paths)
+                for name, layer in layers.items()}
+
+
+def build_quantized(model: nn.Module, method: str,
+                    paths: dict[str, BinaryPaths]) -> nn.Module:
+    """A copy of ``model`` whose block Linears are :class:`ResidualBinaryLinear` layers.
+
+    Only the quantised layers' latents, scales and biases stay trainable.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    quantized = copy.deepcopy(model)
+    for parameter in quantized.parameters():
+        parameter.requires_grad_(False)
+    mode = "rabit" if method == "rabit" else "independent"
+    frozen = 1 if method == "freeze" else 0
+
+    def factory(name: str, linear: nn.Linear) -> ResidualBinaryLinear:
+        return ResidualBinaryLinear(linear.weight, paths[name], linear.bias, mode, frozen)
+
+    tnn.replace_linears(quantized, factory, names=list(paths))
+    return quantized
+
+
+def rtn_model(model: nn.Module, bits: int = 2) -> nn.Module:
+    """A copy of ``model`` with every block Linear weight round-to-nearest quantised."""
+    quantized = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in tnn.linear_layers(quantized).values():
+            layer.weight.copy_(rtn_quantize(layer.weight, bits)[0])
+    return quantized
+
+
+def quantized_layers(model: nn.Module) -> dict[str, ResidualBinaryLinear]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, ResidualBinaryLinear)}
+
+
+def latent_elements(model: nn.Module) -> int:
+    """Trainable latent-weight elements over all quantised layers."""
+    return sum(layer.latent_elements for layer in quantized_layers(model).values())
+
+
+def optimizer_state_elements(model: nn.Module) -> int:
+    """Adam's state: two moments per trainable element (latents, scales and biases)."""
+    return 2 * tnn.count_parameters(model)
+
+
+def model_bits_per_weight(model: nn.Module, scale_bits: int = 16) -> float:
+    """Bits per quantised weight over all quantised layers, scales included (Eq. `eq-bits`)."""
+    layers = quantized_layers(model).values()
+    if not layers:
+        raise ValueError("the model has no residual binary layers")
+    weights = sum(layer.out_features * layer.in_features for layer in layers)
+    bits = sum(layer.out_features * layer.in_features
+               * bits_per_weight(layer.out_features, layer.in_features, layer.count, scale_bits)
+               for layer in layers)
+    return bits / weights
+
+
+def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Pearson correlation of two tensors, flattened."""
+    a, b = a.flatten() - a.mean(), b.flatten() - b.mean()
+    return (a @ b / (a.norm() * b.norm()).clamp_min(1e-30)).item()
+
+
+def path_output_correlation(model: nn.Module, tokens: torch.Tensor) -> float:
+    """Mean over quantised layers of corr($\\hat W_1 x$, $\\hat W_2 x$) on the layer inputs."""
+    layers = quantized_layers(model)
+    inputs = tnn.record_inputs(model, tokens, layers)
+    values = []
+    with torch.no_grad():
+        for name, layer in layers.items():
+            first, second = (inputs[name] @ w.T for w in layer.path_weights()[:2])
+            values.append(pearson(first, second))
+    return float(np.mean(values))
+
+
+@dataclass
+class QATRun:
+    """One QAT run: its settings, losses, validation loss and correlation trace."""
+
+    method: str
+    lr: float
+    seed: int
+    model: nn.Module
+    losses: list[float]
+    valid_nll: float
+    correlation_steps: list[int] = field(default_factory=list)
+    correlations: list[float] = field(default_factory=list)
+
+
+def run_qat(teacher: nn.Module, method: str, paths: dict[str, BinaryPaths], train_tokens,
+            valid_tokens, *, steps: int, lr: float, seed: int, batch_size: int = 32,
+            min_context: int = 0, probe_tokens: torch.Tensor | None = None,
+            probe_every: int = 0) -> QATRun:
+    """Quantise ``teacher`` with ``method`` and train by distillation from it.
+
+    The loss is KL(teacher || student) on next-token distributions (:func:`icml26.nn.train`
+    with AdamW, warm-up and cosine decay). With ``probe_tokens`` and ``probe_every``, the path
+    output correlation is recorded every ``probe_every`` steps.
+    """
+    student = build_quantized(teacher, method, paths)
+    steps_seen, correlations = [], []
+
+    def probe(step: int, model: nn.Module) -> None:
+        if probe_tokens is not None and probe_every and (step + 1) % probe_every == 0:
+            steps_seen.append(step + 1)
+            correlations.append(path_output_correlation(model, probe_tokens))
+
+    if probe_tokens is not None and probe_every:
+        steps_seen.append(0)
+        correlations.append(path_output_correlation(student, probe_tokens))
+    result = tnn.train(student, train_tokens, steps=steps, batch_size=batch_size, lr=lr,
+                       loss=tnn.distillation_loss(teacher), seed=seed, callback=probe)
+    valid = tnn.evaluate_nll(student, valid_tokens, min_context=min_context)
+    return QATRun(method, lr, seed, student, result.losses, valid, steps_seen, correlations)
+
+
+def sweep_learning_rate(teacher: nn.Module, method: str, paths: dict[str, BinaryPaths],
+                        train_tokens, valid_tokens, lrs: Iterable[float], **kwargs) -> QATRun:
+    """The run with the lowest validation loss over ``lrs`` (same seed and batches for each)."""
+    runs = [run_qat(teacher, method, paths, train_tokens, valid_tokens, lr=lr, **kwargs)
+            for lr in lrs]
+    return min(runs, key=lambda run: run.valid_nll)
