@@ -37,3 +37,13 @@ def test_chapter_follows_the_contract(chapter):
 def test_no_notebooks_with_outputs_are_committed():
     stray = list((ROOT / "book").rglob("*.ipynb"))
     assert not stray, f"chapters are MyST sources; remove {stray}"
+
+
+def test_equation_labels_are_unique_across_chapters():
+    """Sphinx labels are global: two chapters defining eq-x break the strict build."""
+    owners: dict[str, str] = {}
+    for chapter in CHAPTERS:
+        text = chapter.source.read_text(encoding="utf-8")
+        for label in set(re.findall(r"^\$\$ \((eq-[\w-]+)\)", text, re.MULTILINE)):
+            assert label not in owners, f"{label}: in {owners.get(label)} and {chapter.slug}"
+            owners[label] = chapter.slug

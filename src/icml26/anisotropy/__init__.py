@@ -1,0 +1,54 @@
+"""Anisotropy of transformer representations across training (the anisotropy chapter).
+
+* :mod:`~icml26.anisotropy.metrics`: mean cosine, top-direction share, effective rank,
+  partition-function isotropy, and the entropy quantities that drive them;
+* :mod:`~icml26.anisotropy.geometry`: the curvature-visibility toy model;
+* :mod:`~icml26.anisotropy.tangent`: semi-NMF tangent proxies and gradient-energy tests;
+* :mod:`~icml26.anisotropy.training`: tiny transformers on languages with an entropy knob,
+  checkpoints, and per-layer measurements;
+* :mod:`~icml26.anisotropy.minilm`: hidden states of the pretrained all-MiniLM-L6-v2.
+"""
+
+from icml26.anisotropy.geometry import parabola_sample, visible_curvature_ratio
+from icml26.anisotropy.metrics import (
+    all_metrics,
+    as_points,
+    collision_probability,
+    cone_cosine,
+    effective_rank,
+    mean_cosine,
+    partition_isotropy,
+    shannon_entropy,
+    spectrum,
+    top_share,
+)
+from icml26.anisotropy.tangent import (
+    anisotropy_share,
+    control_energy_share,
+    energy_share,
+    gradient_anisotropy,
+    orthonormal_basis,
+    pca_basis,
+    random_complement_basis,
+    semi_nmf,
+)
+from icml26.anisotropy.training import (
+    activations_and_gradients,
+    entropy_sources,
+    evaluation_batch,
+    layer_names,
+    layer_states,
+    measure_checkpoint,
+    tangent_test,
+    train_with_checkpoints,
+)
+
+__all__ = [
+    "activations_and_gradients", "all_metrics", "anisotropy_share", "as_points",
+    "collision_probability", "cone_cosine", "control_energy_share", "effective_rank",
+    "energy_share", "entropy_sources", "evaluation_batch", "gradient_anisotropy", "layer_names",
+    "layer_states", "mean_cosine", "measure_checkpoint", "orthonormal_basis", "parabola_sample",
+    "partition_isotropy", "pca_basis", "random_complement_basis", "semi_nmf", "shannon_entropy",
+    "spectrum", "tangent_test", "top_share", "train_with_checkpoints",
+    "visible_curvature_ratio",
+]

