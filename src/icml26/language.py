@@ -30,6 +30,8 @@ import numbers
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import sparse
+from scipy.sparse.linalg import spsolve
 
 MAX_CONTEXTS = 2**22
 """Largest number of contexts $V^k$ a source may have (the table has $V^{k+1}$ entries)."""
@@ -163,26 +165,28 @@ class MarkovSource:
         return np.log(self.transition[contexts, windows[..., -1]])
 
 
-def stationary_distribution(transition: np.ndarray, order: int, tol: float = 1e-14,
-                            max_iter: int = 20_000) -> np.ndarray:
-    """Stationary distribution over the $V^k$ contexts, by power iteration on the context chain.
+def stationary_distribution(transition: np.ndarray, order: int) -> np.ndarray:
+    """Stationary distribution over the $V^k$ contexts, solved exactly on the context chain.
 
     Context $c$ moves to $(cV \\bmod V^k) + j$ with probability ``transition[c, j]``. Every
-    transition is positive, so the context chain is irreducible and aperiodic and the iteration
-    converges geometrically; it stops when the L1 change falls below ``tol``.
+    transition is positive, so the chain is irreducible and $\\pi$ is the unique solution of
+    $\\pi^\\top (P - I) = 0$, $\\sum_c \\pi_c = 1$: a sparse linear system with one balance
+    equation replaced by the normalisation. (Power iteration stalls on near-deterministic rows.)
     """
     contexts, vocab = transition.shape
-    targets = (np.arange(contexts)[:, None] * vocab) % contexts + np.arange(vocab)[None, :]
-    targets = targets.ravel()
-    pi = np.full(contexts, 1.0 / contexts)
-    for _ in range(max_iter):
-        new = np.bincount(targets, weights=(pi[:, None] * transition).ravel(), minlength=contexts)
-        new /= new.sum()
-        change = np.abs(new - pi).sum()
-        pi = new
-        if change < tol:
-            return pi
-    raise RuntimeError(f"power iteration did not converge in {max_iter} steps (order {order})")
+    sources = np.repeat(np.arange(contexts), vocab)
+    shifted = (np.arange(contexts)[:, None] * vocab) % contexts
+    targets = (shifted + np.arange(vocab)[None, :]).ravel()
+    chain = sparse.csr_matrix((transition.ravel(), (targets, sources)), shape=(contexts, contexts))
+    system = (chain - sparse.identity(contexts, format="csr")).tolil()
+    system[0, :] = 1.0
+    rhs = np.zeros(contexts)
+    rhs[0] = 1.0
+    pi = spsolve(system.tocsc(), rhs)
+    if not np.all(np.isfinite(pi)) or pi.min() < -1e-12:
+        raise RuntimeError(f"stationary distribution could not be solved (order {order})")
+    pi = np.clip(pi, 0.0, None)
+    return pi / pi.sum()
 
 
 def zipf_markov_source(vocab_size: int = 64, order: int = 2, exponent: float = 1.0,
