@@ -33,16 +33,10 @@ import numpy as np
 from scipy import sparse
 from scipy.sparse.linalg import spsolve
 
+from icml26.data import check_count
+
 MAX_CONTEXTS = 2**22
 """Largest number of contexts $V^k$ a source may have (the table has $V^{k+1}$ entries)."""
-
-
-def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
 
 
 def _check_positive(value, name: str) -> float:
@@ -134,9 +128,9 @@ class MarkovSource:
         position has the stationary marginal. Sequences are generated in parallel, one position
         at a time, by inverting the cumulative transition rows.
         """
-        num_sequences = _check_int(num_sequences, "num_sequences", 1)
-        length = _check_int(length, "length", self.order)
-        rng = np.random.default_rng(_check_int(seed, "seed", 0))
+        num_sequences = check_count(num_sequences, "num_sequences", 1)
+        length = check_count(length, "length", self.order)
+        rng = np.random.default_rng(check_count(seed, "seed", 0))
         start = rng.choice(self.num_contexts, size=num_sequences, p=self.stationary)
         tokens = np.empty((num_sequences, length), dtype=np.int64)
         for position in range(self.order):
@@ -197,8 +191,8 @@ def zipf_markov_source(vocab_size: int = 64, order: int = 2, exponent: float = 1
     ``temperature`` is the entropy knob $T$ and ``spread`` the log-temperature spread $\\sigma$
     across contexts (0 gives every row the same entropy).
     """
-    vocab_size = _check_int(vocab_size, "vocab_size", 2)
-    order = _check_int(order, "order", 1)
+    vocab_size = check_count(vocab_size, "vocab_size", 2)
+    order = check_count(order, "order", 1)
     exponent = _check_positive(exponent, "exponent")
     temperature = _check_positive(temperature, "temperature")
     if isinstance(spread, bool) or not isinstance(spread, numbers.Real) or not 0 <= spread < 10:
@@ -206,7 +200,7 @@ def zipf_markov_source(vocab_size: int = 64, order: int = 2, exponent: float = 1
     if vocab_size**order > MAX_CONTEXTS:
         raise ValueError(f"vocab_size**order = {vocab_size**order} contexts is more than "
                          f"{MAX_CONTEXTS}; use a smaller vocabulary or order")
-    rng = np.random.default_rng(_check_int(seed, "seed", 0))
+    rng = np.random.default_rng(check_count(seed, "seed", 0))
     rankings = plackett_luce_rankings(rng, vocab_size**order, vocab_size, exponent)
     temperatures = temperature * np.exp(spread * rng.standard_normal(vocab_size**order))
     transition = zipf_rows(rankings, exponent, temperatures)
@@ -259,13 +253,13 @@ def make_corpus(source: MarkovSource, train_tokens: int, test_tokens: int, lengt
     training split leaves the test split unchanged. ``valid_tokens`` defaults to
     ``test_tokens``.
     """
-    length = _check_int(length, "length", source.order + 1)
-    streams = np.random.SeedSequence(_check_int(seed, "seed", 0)).generate_state(3)
+    length = check_count(length, "length", source.order + 1)
+    streams = np.random.SeedSequence(check_count(seed, "seed", 0)).generate_state(3)
     valid_tokens = test_tokens if valid_tokens is None else valid_tokens
     splits = {}
     for stream, (name, tokens) in zip(
             streams, (("train", train_tokens), ("valid", valid_tokens), ("test", test_tokens)),
             strict=True):
-        tokens = _check_int(tokens, f"{name}_tokens", length)
+        tokens = check_count(tokens, f"{name}_tokens", length)
         splits[name] = source.sample(tokens // length, length, seed=int(stream))
     return Corpus(source, **splits)
