@@ -8,6 +8,8 @@ from icml26.core import (
     ClaimError,
     Timer,
     check_claim,
+    check_count,
+    check_positive,
     check_tier,
     get_device,
     glue_number,
@@ -94,3 +96,18 @@ def test_show_source_renders_a_python_block():
     assert block.startswith("```python\ndef set_seed(") and block.endswith("```")
     with pytest.raises(TypeError, match="cannot show"):
         show_source(3)
+
+
+def test_shared_validators():
+    assert check_count(3, "n", 1) == 3 and check_count(np.int64(0), "seed") == 0
+    with pytest.raises(ValueError, match="n must be at least 2, got 1"):
+        check_count(1, "n", 2)
+    for bad in (True, 2.0, "2"):
+        with pytest.raises(TypeError, match="n must be an integer"):
+            check_count(bad, "n")
+    assert check_positive(0.5, "h") == 0.5
+    for bad in (0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="h must be positive and finite"):
+            check_positive(bad, "h")
+    with pytest.raises(TypeError, match="h must be a real number"):
+        check_positive(True, "h")

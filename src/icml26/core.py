@@ -9,6 +9,7 @@ numbers behind it.
 from __future__ import annotations
 
 import inspect
+import numbers
 import operator
 import os
 import random
@@ -34,6 +35,24 @@ _OPERATORS = {
     "==": operator.eq,
     "!=": operator.ne,
 }
+
+
+def check_count(value, name: str, minimum: int = 0) -> int:
+    """An integer (not a bool) that is at least ``minimum``; otherwise a clear error."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def check_positive(value, name: str) -> float:
+    """A finite real number (not a bool) greater than zero; otherwise a clear error."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be positive and finite, got {value}")
+    return float(value)
 
 
 def set_seed(seed: int) -> np.random.Generator:

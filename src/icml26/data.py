@@ -20,16 +20,9 @@ import numbers
 
 import numpy as np
 
+from icml26.core import check_count
+
 KINDS = ("null", "scale", "corr", "location", "mixture")
-
-
-def check_count(value, name: str, minimum: int) -> int:
-    """An integer (not a bool) that is at least `minimum`."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
 
 
 def check_theta(kind: str, theta) -> float:

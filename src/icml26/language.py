@@ -33,18 +33,10 @@ import numpy as np
 from scipy import sparse
 from scipy.sparse.linalg import spsolve
 
-from icml26.data import check_count
+from icml26.core import check_count, check_positive
 
 MAX_CONTEXTS = 2**22
 """Largest number of contexts $V^k$ a source may have (the table has $V^{k+1}$ entries)."""
-
-
-def _check_positive(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    if not np.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be positive and finite, got {value}")
-    return float(value)
 
 
 def zipf_rows(rankings: np.ndarray, exponent: float, temperatures: np.ndarray) -> np.ndarray:
@@ -193,8 +185,8 @@ def zipf_markov_source(vocab_size: int = 64, order: int = 2, exponent: float = 1
     """
     vocab_size = check_count(vocab_size, "vocab_size", 2)
     order = check_count(order, "order", 1)
-    exponent = _check_positive(exponent, "exponent")
-    temperature = _check_positive(temperature, "temperature")
+    exponent = check_positive(exponent, "exponent")
+    temperature = check_positive(temperature, "temperature")
     if isinstance(spread, bool) or not isinstance(spread, numbers.Real) or not 0 <= spread < 10:
         raise ValueError(f"spread must be a number in [0, 10), got {spread!r}")
     if vocab_size**order > MAX_CONTEXTS:
@@ -215,7 +207,7 @@ def source_with_entropy_rate(target: float, vocab_size: int = 64, order: int = 2
     Bisection on $\\log T$ over $T \\in [0.1, 50]$; the rankings and the spread depend only on
     the seed, so the entropy rate is a continuous, increasing function of the temperature.
     """
-    target = _check_positive(target, "target")
+    target = check_positive(target, "target")
     if target >= np.log(vocab_size):
         raise ValueError(f"target entropy rate must be below log(vocab_size) = "
                          f"{np.log(vocab_size):.4f} nats, got {target}")

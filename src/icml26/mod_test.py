@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from icml26.data import check_count, two_sample
+from icml26.core import check_count
+from icml26.data import two_sample
 from icml26.kernels import (
     DEFAULT_BANK_SPECS,
     DTYPE,

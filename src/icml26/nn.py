@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
+
+from icml26.core import check_count
 
 
 @dataclass(frozen=True)
@@ -50,21 +51,13 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context", "d_model", "n_layers", "n_heads"):
-            _check_positive_int(getattr(self, name), name)
+            check_count(getattr(self, name, 1), name)
         if self.d_mlp is None:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
-        _check_positive_int(self.d_mlp, "d_mlp")
+        check_count(self.d_mlp, "d_mlp", 1)
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads "
                              f"({self.n_heads})")
-
-
-def _check_positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be positive, got {value}")
-    return int(value)
 
 
 class HookPoint(nn.Module):
@@ -358,7 +351,7 @@ def train(model: nn.Module, sequences, *, steps: int, batch_size: int = 32, lr: 
     ``checkpoint_dir`` and ``checkpoint_every``, a checkpoint is saved every that many steps
     (and after the last). The batches depend only on ``seed``.
     """
-    steps = _check_positive_int(steps, "steps")
+    steps = check_count(steps, "steps", 1)
     tokens = as_token_tensor(sequences)
     loss = next_token_loss if loss is None else loss
     params = [p for p in (model.parameters() if params is None else params) if p.requires_grad]

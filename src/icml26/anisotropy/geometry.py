@@ -13,19 +13,14 @@ import numbers
 
 import numpy as np
 
-
-def _check_positive(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value) \
-            or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
+from icml26.core import check_positive
 
 
 def parabola_sample(curvature: float, spread: float, count: int,
                     rng: np.random.Generator) -> np.ndarray:
     r"""``count`` points $(s, \tfrac{\kappa}{2} s^2)$ with $s \sim \mathcal N(0, \sigma^2)$."""
-    curvature = _check_positive(curvature, "curvature")
-    spread = _check_positive(spread, "spread")
+    curvature = check_positive(curvature, "curvature")
+    spread = check_positive(spread, "spread")
     if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 2:
         raise ValueError(f"count must be an integer >= 2, got {count!r}")
     s = spread * rng.standard_normal(int(count))
@@ -34,6 +29,6 @@ def parabola_sample(curvature: float, spread: float, count: int,
 
 def visible_curvature_ratio(curvature: float, spread: float) -> float:
     r"""Normal over tangent variance of the parabola sample: $\kappa^2 \sigma^2 / 2$ (Eq. (13))."""
-    curvature = _check_positive(curvature, "curvature")
-    spread = _check_positive(spread, "spread")
+    curvature = check_positive(curvature, "curvature")
+    spread = check_positive(spread, "spread")
     return 0.5 * curvature**2 * spread**2

@@ -16,15 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from icml26.core import check_count
+
 from .posterior import FusedData, Intervention
-
-
-def _check_positive_int(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
 
 
 def _check_noise(noise) -> float:
@@ -76,9 +70,9 @@ class MediatorChain:
 def mediator_chain(n: int, d: int = 5, noise: float = 0.5, seed: int = 0, grid_size: int = 50,
                    low: float = 0.0, high: float = 1.0) -> MediatorChain:
     """Simulate the mediator chain of Eq. (25) (the ``Abelation`` design of the authors' code)."""
-    n = _check_positive_int(n, "n", 3)
-    d = _check_positive_int(d, "d")
-    grid_size = _check_positive_int(grid_size, "grid_size", 2)
+    n = check_count(n, "n", 3)
+    d = check_count(d, "d", 1)
+    grid_size = check_count(grid_size, "grid_size", 2)
     noise = _check_noise(noise)
     if not (np.isfinite(low) and np.isfinite(high) and low < high):
         raise ValueError(f"need finite low < high, got {low}, {high}")
@@ -157,12 +151,12 @@ def diabetes_backdoor(seed: int = 0, grid_size: int = 50, n: int | None = None) 
 
     ``n`` patients are drawn without replacement (all 442 by default).
     """
-    grid_size = _check_positive_int(grid_size, "grid_size", 2)
+    grid_size = check_count(grid_size, "grid_size", 2)
     c = BACKDOOR
     rng = np.random.default_rng(seed)
     W = diabetes_covariates()
     if n is not None:
-        n = _check_positive_int(n, "n", 10)
+        n = check_count(n, "n", 10)
         if n > len(W):
             raise ValueError(f"the diabetes data have {len(W)} patients, asked for {n}")
         W = W[rng.choice(len(W), n, replace=False)]
