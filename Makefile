@@ -31,7 +31,7 @@ $(STAMP): requirements/lock.txt pyproject.toml
 	@echo "installing the pinned environment into $(VENV) (first run: a few minutes)"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements/lock.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
-	$(BIN)/python -c "from icml26.offline import mathjax_dir; print('MathJax:', mathjax_dir())"
+	$(BIN)/python -c "from icml26.toolchain.offline import mathjax_dir; print('MathJax:', mathjax_dir())"
 	@touch $(STAMP)
 
 # Re-pin after changing dependencies in pyproject.toml (then update environment.yml to match).

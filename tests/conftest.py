@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from icml26 import pipeline
+from icml26.toolchain import pipeline
 
 SMOKE_RECORDS: list[pipeline.RunRecord] = []
 

@@ -2,7 +2,7 @@
 
 import nbformat
 
-from icml26.pipeline import chapters
+from icml26.toolchain.chapters import chapters
 
 SMOKE_BUDGET_SECONDS = 20.0
 

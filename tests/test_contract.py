@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from icml26.pipeline import ROOT, chapters, read_source
+from icml26.toolchain.chapters import ROOT, chapters, read_source
 
 SECTIONS = [
     "At a glance", "Learning objectives", "Prerequisites", "Setup", "Background", "Notation",
@@ -28,8 +28,9 @@ def test_chapter_follows_the_contract(chapter):
     assert re.search(r"^TIER = \"(smoke|book|full)\"", parameters[0].source, re.MULTILINE)
     assert re.search(r"^SEED = \d+", parameters[0].source, re.MULTILINE)
     assert "glue_number(" in text and "{glue:text}" in text, "glue numbers and quote them"
-    assert "check_claim(" in text.split("## Claims check")[1].split("## Fidelity")[0]
     assert "{exercise}" in text and "{solution" in text, "exercises with solutions"
+    assert any(re.search(r"\binteract(ive)?\(", c.source) for c in code), \
+        "one explore cell: an ipywidgets interact(...) control"
     assert re.search(r"\$\$ \(eq-", text) or "\\label{" in text, "numbered equations"
     assert all(not c.get("outputs") for c in code), "sources carry no outputs"
 
@@ -47,3 +48,42 @@ def test_equation_labels_are_unique_across_chapters():
         for label in set(re.findall(r"^\$\$ \((eq-[\w-]+)\)", text, re.MULTILINE)):
             assert label not in owners, f"{label}: in {owners.get(label)} and {chapter.slug}"
             owners[label] = chapter.slug
+
+
+def _section(notebook, title: str) -> list:
+    """The cells under the ``## title`` heading, up to the next ``##`` heading."""
+    cells, inside = [], False
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            headings = re.findall(r"^## (.+)$", cell.source, re.MULTILINE)
+            if headings:
+                inside = headings[-1].strip() == title
+                continue
+        if inside:
+            cells.append(cell)
+    return cells
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=[c.slug for c in CHAPTERS])
+def test_claims_check_uses_only_the_claim_helpers(chapter):
+    """One ClaimsCheck table with at least one paper claim; no bare asserts or ad-hoc checks."""
+    code = "\n".join(c.source for c in _section(read_source(chapter.source), "Claims check")
+                     if c.cell_type == "code")
+    assert "ClaimsCheck(" in code and ".show()" in code, "the claims check is one ClaimsCheck table"
+    assert re.search(r"\.paper\(", code), "at least one claim of the paper (kind 'paper')"
+    for banned in (r"^\s*assert\b", r"\braise\b", r"check_claim\(", r"\bprint\("):
+        assert not re.search(banned, code, re.MULTILINE), f"claims check uses {banned!r}"
+
+
+INTERNAL_WORDS = re.compile(
+    r"research notes?|\bnotes? (of|for) (this|the) (chapter|paper)|\bthe issue\b|\bissue #?\d+|"
+    r"\btickets?\b|\bsessions?\b|\bhelper agents?\b|\bthe brief\b", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=[c.slug for c in CHAPTERS])
+def test_prose_speaks_to_readers_only(chapter):
+    """No mention of the project's internal material (notes, issues, sessions) in chapter prose."""
+    prose = "\n".join(c.source for c in read_source(chapter.source).cells
+                      if c.cell_type == "markdown")
+    found = sorted({m.group(0) for m in INTERNAL_WORDS.finditer(prose)})
+    assert not found, f"prose mentions internal material: {found}"

@@ -5,7 +5,7 @@ import tomllib
 
 import yaml
 
-from icml26.pipeline import ROOT
+from icml26.toolchain.chapters import ROOT
 
 CONDA_TO_PIP = {"pytorch": "torch"}
 

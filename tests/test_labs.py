@@ -10,8 +10,8 @@ import pytest
 from bs4 import BeautifulSoup
 from nbclient import NotebookClient
 
-from icml26 import labs
-from icml26.pipeline import PACKAGE_DIR, chapters, read_source
+from icml26.toolchain import labs
+from icml26.toolchain.chapters import PACKAGE_DIR, chapters, read_source
 
 CHAPTERS = chapters()
 IDS = [c.slug for c in CHAPTERS]
@@ -153,7 +153,7 @@ def test_grading_refuses_a_notebook_that_was_not_exported(tmp_path):
 
 
 def test_cli_check_exit_code_and_summary(exported, capsys):
-    from icml26 import cli
+    from icml26.toolchain import cli
 
     slug = CHAPTERS[0].slug
     assert cli.main(["check", slug, str(exported[slug, "instructor"])]) == 0

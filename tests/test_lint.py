@@ -5,7 +5,7 @@ import sys
 
 import jupytext
 
-from icml26.pipeline import ROOT, chapters, read_source
+from icml26.toolchain.chapters import ROOT, chapters, read_source
 
 
 def _ruff(*args: str) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from icml26.offline import remote_assets
+from icml26.toolchain.offline import remote_assets
 
 CHROMIUM = "/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else shutil.which("chromium")
 CHROMIUM_ARGS = [

@@ -3,7 +3,7 @@
 import shutil
 from pathlib import Path
 
-from icml26.offline import mathjax_dir
+from icml26.toolchain.offline import mathjax_dir
 
 # sphinx.ext.mathjax resolves a relative mathjax_path against ``_static/``.
 MATHJAX_PATH = "mathjax/tex-chtml.js"

@@ -1,8 +1,9 @@
 """ICML 2026 in Code: the tested implementations behind the book's chapters.
 
-Shared building blocks live in :mod:`icml26.core`, :mod:`icml26.plotting`, :mod:`icml26.kernels`
-and :mod:`icml26.data`; each chapter has one module named after it (``icml26.mod_test``, ...).
-The book's execution pipeline is :mod:`icml26.pipeline`, driven by the ``icml26`` command.
+Shared building blocks live in :mod:`icml26.core`, :mod:`icml26.claims`, :mod:`icml26.plotting`,
+:mod:`icml26.kernels`, :mod:`icml26.data`, :mod:`icml26.language` and :mod:`icml26.nn`; each
+chapter has one module named after it (``from icml26 import mod_two_sample``). The machinery that
+builds the book lives apart in :mod:`icml26.toolchain`, driven by the ``icml26`` command.
 """
 
 import os

@@ -1,16 +1,15 @@
-"""Shared helpers every chapter uses: seeding, devices, tiers, timing and claims.
+"""Shared helpers every chapter uses: seeding, devices, threads, tiers, timing and glue.
 
 A chapter's ``parameters`` cell sets ``TIER`` and ``SEED``. :func:`tier_settings` turns the tier
-into the chapter's sizes, :func:`set_seed` makes the run repeatable, :func:`glue_number` publishes a
-headline number to the text, and :func:`check_claim` asserts a claim of the paper while showing the
-numbers behind it.
+into the chapter's sizes, :func:`set_seed` makes the run repeatable, :func:`configure_threads` sets
+one thread policy for torch, BLAS and OpenMP, and :func:`glue_number` publishes a headline number
+to the text. Claims are checked with :mod:`icml26.claims`.
 """
 
 from __future__ import annotations
 
 import inspect
 import numbers
-import operator
 import os
 import random
 import time
@@ -23,19 +22,6 @@ import torch
 
 TIERS = ("smoke", "book", "full")
 """Run sizes: ``smoke`` (CI, <= 20 s), ``book`` (<= 120 s) and ``full`` (the paper's scale)."""
-
-CLAIM_METADATA_KEY = "icml26_claim"
-"""Key of the output metadata by which the build counts a chapter's checked claims."""
-
-_OPERATORS = {
-    ">": operator.gt,
-    ">=": operator.ge,
-    "<": operator.lt,
-    "<=": operator.le,
-    "==": operator.eq,
-    "!=": operator.ne,
-}
-
 
 def check_count(value, name: str, minimum: int = 0) -> int:
     """An integer (not a bool) that is at least ``minimum``; otherwise a clear error."""
@@ -78,12 +64,26 @@ def get_device(preference: str = "auto") -> torch.device:
     return torch.device(preference)
 
 
-def configure_threads(default: int = 2) -> int:
-    """Set torch's intra-op threads (``ICML26_THREADS`` overrides ``default``); return the count."""
+_THREAD_LIMITER = None  # kept alive: threadpoolctl's limit lasts as long as this object
+
+
+def configure_threads(default: int = 2, *, blas: int = 1) -> int:
+    """One thread policy for a chapter: torch's intra-op threads and the BLAS pools.
+
+    torch gets ``ICML26_THREADS`` threads (``default`` when unset). NumPy's and SciPy's BLAS pools
+    (OpenBLAS, MKL) get ``blas`` threads (``ICML26_BLAS_THREADS`` overrides it): many small SVDs
+    and eigendecompositions thrash on shared cores with more. torch's own OpenMP pool is left to
+    ``torch.set_num_threads``. Returns torch's thread count.
+    """
+    global _THREAD_LIMITER
+    from threadpoolctl import threadpool_limits
+
     threads = int(os.environ.get("ICML26_THREADS", default))
-    if threads < 1:
-        raise ValueError(f"thread count must be positive, got {threads}")
+    blas = int(os.environ.get("ICML26_BLAS_THREADS", blas))
+    if threads < 1 or blas < 1:
+        raise ValueError(f"thread counts must be positive, got torch={threads}, blas={blas}")
     torch.set_num_threads(threads)
+    _THREAD_LIMITER = threadpool_limits(limits=blas, user_api="blas")
     return threads
 
 
@@ -143,61 +143,6 @@ def glue_text(name: str, text: str, display: bool = False) -> str:
 
     glue(name, text, display=display)  # stored quoted; myst-nb's glue role strips the quotes
     return text
-
-
-class ClaimError(AssertionError):
-    """A claim of the paper did not hold in this run; the message shows the numbers."""
-
-
-@dataclass(frozen=True)
-class Claim:
-    """The outcome of one claim check."""
-
-    statement: str
-    lhs: float
-    op: str
-    rhs: float
-    holds: bool
-    enforced: bool
-
-    def describe(self) -> str:
-        mark = "holds" if self.holds else "DOES NOT HOLD"
-        note = "" if self.enforced or self.holds else " (not enforced at this tier)"
-        return f"{mark}: {self.statement} [{self.lhs:.4g} {self.op} {self.rhs:.4g}]{note}"
-
-
-def check_claim(
-    statement: str, lhs: float, op: str, rhs: float, *, enforce: bool = True, **context: float
-) -> Claim:
-    """Check ``lhs op rhs`` for a claim stated in words; raise :class:`ClaimError` if it fails.
-
-    ``context`` holds the numbers behind ``lhs`` (for example both powers of a difference); they
-    appear in the message. With ``enforce=False`` (smoke tier) a failed claim is shown, not raised.
-    """
-    if op not in _OPERATORS:
-        raise ValueError(f"unknown comparison {op!r}; choose one of {', '.join(_OPERATORS)}")
-    lhs, rhs = float(lhs), float(rhs)
-    if np.isnan(lhs) or np.isnan(rhs):
-        raise ValueError(f"claim {statement!r} compares NaN: lhs={lhs}, rhs={rhs}")
-    claim = Claim(statement, lhs, op, rhs, bool(_OPERATORS[op](lhs, rhs)), enforce)
-    details = ", ".join(f"{key}={float(val):.4g}" for key, val in context.items())
-    message = claim.describe() + (f"; {details}" if details else "")
-    if enforce and not claim.holds:
-        raise ClaimError(message)
-    _display_claim(claim, message)
-    return claim
-
-
-def _display_claim(claim: Claim, message: str) -> None:
-    """Show the claim in the notebook, tagged so the build can count checked claims."""
-    try:
-        from IPython.display import display
-    except ImportError:  # pragma: no cover - IPython ships with the pinned environment
-        print(message)
-        return
-    metadata = {CLAIM_METADATA_KEY: {"statement": claim.statement, "holds": claim.holds,
-                                     "enforced": claim.enforced}}
-    display({"text/plain": message}, raw=True, metadata=metadata)
 
 
 def show_source(obj: object):

@@ -22,7 +22,7 @@ def test_opposite_signs_and_vanishing_ratio(population_terms):
 def test_matches_sample_averages(population_terms):
     import torch
 
-    from icml26 import mod_test as mt
+    from icml26 import mod_two_sample as mt
     from icml26.data import two_sample
     from icml26.kernels import gaussian_kernel, median_distance, pairwise_distances
 

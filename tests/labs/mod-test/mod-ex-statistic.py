@@ -8,7 +8,7 @@ points = 3
 def test_matches_the_library_for_unequal_sizes(standardised_mod):
     import torch
 
-    from icml26 import mod_test as mt
+    from icml26 import mod_two_sample as mt
     from icml26.data import two_sample
     from icml26.kernels import gaussian_kernel, median_distance, pairwise_distances
 

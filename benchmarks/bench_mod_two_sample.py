@@ -6,7 +6,7 @@
    Both compute MMD^2 and MOD for all 10 kernels, including building the kernels from data.
 
 Run from the repository root:
-    python benchmarks/bench_mod_test.py [--n 500] [--d 10] [--permutations 1000] [--threads 1]
+    python benchmarks/bench_mod_two_sample.py [--n 500] [--d 10] [--permutations 1000] [--threads 1]
 """
 
 import argparse
@@ -19,7 +19,7 @@ from hyppo.ksample import MMD
 
 from icml26.data import two_sample
 from icml26.kernels import DEFAULT_BANK_SPECS
-from icml26.mod_test import two_sample_test
+from icml26.mod_two_sample import two_sample_test
 
 BANK_TESTS = ("mod_fused", "mmd_fuse")
 

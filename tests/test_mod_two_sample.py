@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import energy_distance
 
-import icml26.mod_test as mt
+import icml26.mod_two_sample as mt
 from icml26.data import two_sample
 from icml26.kernels import DEFAULT_BANK_SPECS, kernel_bank
 

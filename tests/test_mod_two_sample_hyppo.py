@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from hyppo.ksample import MMD, Energy
 
-import icml26.mod_test as mt
+import icml26.mod_two_sample as mt
 from icml26.data import two_sample
 from icml26.kernels import kernel_bank
 

@@ -25,7 +25,7 @@ MATHJAX_INTEGRITY = (
 _KEEP_FILES = {"LICENSE", "es5/tex-chtml.js"}
 _KEEP_DIRS = ("es5/output/chtml/fonts/woff-v2/", "es5/input/tex/extensions/")
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = Path(__file__).resolve().parents[3]
 _REMOTE = ("http://", "https://", "//")
 _CSS_URL = re.compile(r"""@import\s+["']([^"']+)["']|url\(\s*["']?([^"')]+?)["']?\s*\)""")
 

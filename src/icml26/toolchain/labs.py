@@ -30,7 +30,7 @@ from pathlib import Path
 
 import nbformat
 
-from icml26.pipeline import ROOT, Chapter, chapters, find_chapter, read_source
+from icml26.toolchain.chapters import ROOT, Chapter, chapters, find_chapter, read_source
 
 LABS_DIR = ROOT / "tests" / "labs"
 META = "icml26"  # cell metadata key: {"role": "setup" | "solution" | "check", "exercise": label}
@@ -134,7 +134,7 @@ def function_signatures(code: str) -> dict[str, str]:
 
 
 def _check_cell(label: str) -> nbformat.NotebookNode:
-    cell = nbformat.v4.new_code_cell(f'from icml26.labs import check\n\ncheck("{label}")')
+    cell = nbformat.v4.new_code_cell(f'from icml26.toolchain.labs import check\n\ncheck("{label}")')
     cell.metadata[META] = {"role": "check", "exercise": label}
     return cell
 

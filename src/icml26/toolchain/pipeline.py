@@ -33,78 +33,26 @@ import yaml
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from papermill.exceptions import PapermillExecutionError
 
-from icml26.core import CLAIM_METADATA_KEY, check_tier
+from icml26.core import check_tier
+from icml26.toolchain import ledger
+from icml26.toolchain.chapters import (
+    CHAPTER_DIR,
+    PACKAGE_DIR,
+    ROOT,
+    Chapter,
+    PipelineError,
+    chapters,
+    find_chapter,
+    read_source,
+)
+from icml26.toolchain.labs import export_notebook
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-ROOT = Path(os.environ.get("ICML26_ROOT", PACKAGE_DIR.parents[1])).resolve()
 LOCK_FILE = ROOT / "requirements" / "lock.txt"
-CHAPTER_DIR = "book/chapters"
-PIPELINE_VERSION = "2"  # bump to invalidate every cached notebook
+PIPELINE_VERSION = "3"  # bump to invalidate every cached notebook
 STATUS_TABLE = "book/appendix/_status_table.md"  # written by the build, included by status.md
 
 
-class PipelineError(RuntimeError):
-    """A chapter could not be executed or the book could not be built; the message says where."""
-
-
-@dataclass(frozen=True)
-class Chapter:
-    slug: str
-    part: str
-    source: Path
-
-    @property
-    def title(self) -> str:
-        match = re.search(r"^# (.+)$", self.source.read_text(encoding="utf-8"), re.MULTILINE)
-        return match.group(1).strip() if match else self.slug
-
-
-@dataclass
-class RunRecord:
-    slug: str
-    tier: str
-    seed: int
-    seconds: float
-    claims: int
-    cached: bool
-    key: str
-    finished: str
-
-
-# --- The table of contents ------------------------------------------------------------------
-
-
-def chapters(root: Path = ROOT) -> list[Chapter]:
-    """The chapters listed in ``_toc.yml``, in book order, with the part each belongs to."""
-    toc = yaml.safe_load((root / "_toc.yml").read_text(encoding="utf-8"))
-    found = []
-    for part in toc.get("parts", []):
-        for entry in part.get("chapters", []):
-            file = entry.get("file", "")
-            if file.startswith(CHAPTER_DIR + "/"):
-                source = root / f"{file}.md"
-                if not source.exists():
-                    raise PipelineError(f"_toc.yml lists {file}, but {source} does not exist")
-                found.append(Chapter(Path(file).name, part.get("caption", ""), source))
-    return found
-
-
-def find_chapter(slug: str, root: Path = ROOT) -> Chapter:
-    """The chapter called ``slug``; an unknown slug raises with the list of valid ones."""
-    known = chapters(root)
-    for chapter in known:
-        if chapter.slug == slug:
-            return chapter
-    valid = ", ".join(c.slug for c in known)
-    raise PipelineError(f"unknown chapter {slug!r}; valid chapters: {valid}")
-
-
 # --- Cache keys -----------------------------------------------------------------------------
-
-
-def read_source(source: Path) -> nbformat.NotebookNode:
-    """Read a chapter source: MyST Markdown (``.md``) or a plain notebook (``.ipynb``)."""
-    return jupytext.read(source, fmt="md:myst" if source.suffix == ".md" else None)
 
 
 def _code_cells(source: Path) -> str:
@@ -180,7 +128,7 @@ def cache_key(chapter: Chapter, tier: str, seed: int) -> str:
 def _offline_kernel_environment() -> Iterator[None]:
     """Environment inherited by the kernel: the socket guard on PYTHONPATH, hubs offline, and
     OpenMP threads that sleep instead of spinning while they wait."""
-    guard = str(PACKAGE_DIR / "offline_guard")
+    guard = str(Path(__file__).resolve().parent / "offline_guard")
     saved = dict(os.environ)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [guard, saved.get("PYTHONPATH")]))
     os.environ.update({"ICML26_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
@@ -247,14 +195,9 @@ def _source_cell_number(executed: Path, cell_index: int) -> int:
     return cell_index + 1 - sum(i < cell_index for i in injected)
 
 
-def count_claims(notebook_path: Path) -> int:
-    """Number of enforced claim checks an executed notebook displays (see ``icml26.core``)."""
-    notebook = nbformat.read(notebook_path, as_version=4)
-    return sum(
-        output.get("metadata", {}).get(CLAIM_METADATA_KEY, {}).get("enforced", False)
-        for cell in notebook.cells if cell.cell_type == "code"
-        for output in cell.get("outputs", [])
-    )
+def count_claims(notebook_path: Path) -> dict[str, int]:
+    """Checks an executed notebook displays, per kind (see ``icml26.claims``)."""
+    return ledger.count_kinds(ledger.chapter_rows(notebook_path))
 
 
 def cache_dir(out_root: Path = ROOT) -> Path:
@@ -311,15 +254,19 @@ def save_history(records: list[RunRecord], out_root: Path = ROOT) -> None:
     path.write_text(json.dumps(history, indent=1, sort_keys=True))
 
 
+def _claims_summary(claims: dict[str, int]) -> str:
+    return f"{claims['paper']} / {claims['finding']} / {claims['verification']}"
+
+
 def summary_table(records: list[RunRecord], chapter_list: list[Chapter]) -> str:
-    """A Markdown table: chapter, part, tier, seed, seconds, claims checked, cache use."""
+    """A Markdown table: chapter, part, tier, seed, seconds, checks per kind, cache use."""
     parts = {c.slug: c.part for c in chapter_list}
-    rows = ["| chapter | part | tier | seed | seconds | claims checked | executed |",
+    rows = ["| chapter | part | tier | seed | seconds | paper / finding / verification | executed |",
             "|---|---|---|---|---|---|---|"]
     for r in records:
         when = f"{r.finished[:10]} (cached)" if r.cached else r.finished[:10]
         rows.append(f"| [{r.slug}](../chapters/{r.slug}) | {parts.get(r.slug, '')} | {r.tier} | "
-                    f"{r.seed} | {r.seconds:.1f} | {r.claims} | {when} |")
+                    f"{r.seed} | {r.seconds:.1f} | {_claims_summary(r.claims)} | {when} |")
     return "\n".join(rows) + "\n"
 
 
@@ -351,7 +298,7 @@ def stage_sources(stage: Path, chapter_list: list[Chapter], root: Path = ROOT) -
     for source in sources:
         _copy_if_changed(source, stage / source.relative_to(root))
     generated = {Path(CHAPTER_DIR) / f"{c.slug}.ipynb" for c in chapter_list}
-    generated.add(Path(STATUS_TABLE))
+    generated |= {Path(STATUS_TABLE), Path(ledger.LEDGER_TABLE)}
     for path in [p for p in stage.rglob("*") if p.is_file()]:
         if path.relative_to(stage) not in wanted | generated:
             path.unlink()
@@ -377,8 +324,6 @@ def student_html_dir(out_root: Path = ROOT) -> Path:
 
 def _make_student_edition(stage: Path, selected: list[Chapter]) -> None:
     """Strip solutions from the staged notebooks and turn on sphinx-exercise's hide_solutions."""
-    from icml26.labs import export_notebook  # labs builds on this module
-
     for chapter in selected:
         path = stage / CHAPTER_DIR / f"{chapter.slug}.ipynb"
         student = export_notebook(nbformat.read(path, as_version=4), student=True)
@@ -409,12 +354,18 @@ def build(
                              use_cache=use_cache, cache=cache_dir(out_root))
         source = "cache" if record.cached else "fresh run"
         report(f"[{index}/{len(selected)}] {chapter.slug}: {record.seconds:.1f} s ({source}), "
-               f"{record.claims} claims checked")
+               f"checks (paper / finding / verification): {_claims_summary(record.claims)}")
         records.append(record)
     save_history(records, out_root)
     table = summary_table(records, selected)
     stage_sources(stage, selected)
     _write_if_changed(stage / STATUS_TABLE, table)
+    book_ledger = {c.slug: {"title": c.title, "tier": tier, "seed": seed,
+                            "rows": ledger.chapter_rows(stage / CHAPTER_DIR / f"{c.slug}.ipynb")}
+                   for c in selected}
+    _write_if_changed(stage / ledger.LEDGER_TABLE, ledger.ledger_markdown(book_ledger))
+    if not student:
+        ledger.save_ledger(book_ledger, out_root)
     if student:
         _make_student_edition(stage, selected)
     edition = "student edition" if student else "book"

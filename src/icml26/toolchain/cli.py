@@ -6,6 +6,7 @@
     icml26 build --student                     # the student edition (solutions removed)
     icml26 export --student [SLUG ...]         # lab notebooks with stubs for the exercises
     icml26 check mod-test my-notebook.ipynb    # grade a lab notebook, exercise by exercise
+    icml26 claims                              # the "What reproduced" ledger of the last build
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from icml26 import labs, pipeline
 from icml26.core import TIERS
+from icml26.toolchain import labs, ledger, pipeline
 
 
 def _seed(text: str) -> int:
@@ -48,8 +49,9 @@ def _run(args: argparse.Namespace) -> None:
     record = pipeline.run_chapter(chapter, tier, seed, output, use_cache=not args.no_cache)
     pipeline.save_history([record])
     source = "cache" if record.cached else "fresh run"
-    print(f"{chapter.slug}: {record.seconds:.1f} s ({source}), {record.claims} claims checked; "
-          f"wrote {output}")
+    counts = record.claims
+    print(f"{chapter.slug}: {record.seconds:.1f} s ({source}), {counts['paper']} paper claims, "
+          f"{counts['finding']} findings, {counts['verification']} verifications; wrote {output}")
 
 
 def _build(args: argparse.Namespace) -> None:
@@ -79,6 +81,14 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if passed == len(results) else 1
 
 
+def _claims(args: argparse.Namespace) -> None:
+    out_root = Path(args.out_root).resolve() if args.out_root else pipeline.ROOT
+    try:
+        print(ledger.ledger_text(ledger.load_ledger(out_root)))
+    except FileNotFoundError as error:
+        raise ValueError(str(error)) from None
+
+
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="icml26", description="Run and build ICML 2026 in Code.")
     commands = main.add_subparsers(dest="command", required=True)
@@ -103,6 +113,9 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("notebook")
     check.add_argument("--tier", default="smoke", help="tier to run the notebook at")
     check.set_defaults(handler=_check)
+    claims = commands.add_parser("claims", help="print the ledger of checks of the last build")
+    claims.add_argument("--out-root", help="folder holding _build/ (default: the repository)")
+    claims.set_defaults(handler=_claims)
     for sub, handler in ((run, _run), (build, _build)):
         sub.add_argument("--tier", default="book", help=f"one of {', '.join(TIERS)} (default book)")
         sub.add_argument("--seed", default="0", help="non-negative integer (default 0)")
