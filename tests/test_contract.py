@@ -29,8 +29,8 @@ def test_chapter_follows_the_contract(chapter):
     assert re.search(r"^SEED = \d+", parameters[0].source, re.MULTILINE)
     assert "glue_number(" in text and "{glue:text}" in text, "glue numbers and quote them"
     assert "{exercise}" in text and "{solution" in text, "exercises with solutions"
-    assert any(re.search(r"\binteract(ive)?\(", c.source) for c in code), \
-        "one explore cell: an ipywidgets interact(...) control"
+    assert any(re.search(r"\bexplore\(", c.source) for c in code), \
+        "one explore cell: icml26.plotting.explore(...) over the parameter the chapter is about"
     assert re.search(r"\$\$ \(eq-", text) or "\\label{" in text, "numbered equations"
     assert all(not c.get("outputs") for c in code), "sources carry no outputs"
 

@@ -27,3 +27,30 @@ def test_subplots_grid_hides_unused_panels():
     fig, axes = subplots_grid(4, columns=3)
     assert len(axes) == 4 and len(fig.axes) == 6
     assert sum(ax.get_visible() for ax in fig.axes) == 4
+
+
+def test_explore_runs_the_defaults_when_the_book_executes(monkeypatch):
+    from icml26.plotting import explore
+
+    calls = []
+
+    def view(width=2.0, kind="a"):
+        calls.append((width, kind))
+        return width
+
+    monkeypatch.setenv("ICML26_OFFLINE", "1")
+    assert explore(view, width=(1.0, 4.0, 0.5), kind=["a", "b"]) == 2.0
+    assert calls == [(2.0, "a")]
+    with pytest.raises(ValueError, match="default"):
+        explore(lambda width: width, width=(1.0, 4.0))
+
+
+def test_explore_builds_live_controls_in_jupyter(monkeypatch):
+    from ipywidgets import FloatSlider
+
+    from icml26.plotting import explore
+
+    monkeypatch.delenv("ICML26_OFFLINE", raising=False)
+    widget = explore(lambda width=2.0: width, width=(1.0, 4.0, 0.5))
+    sliders = [c for c in widget.widget.children if isinstance(c, FloatSlider)]
+    assert len(sliders) == 1 and sliders[0].value == 2.0

@@ -6,7 +6,7 @@ and a colour-blind-safe palette, and each method keeps one colour across a chapt
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import matplotlib as mpl
 import matplotlib.pyplot as plt
@@ -61,3 +61,28 @@ def subplots_grid(count: int, columns: int = 3, width: float = 3.2, height: floa
     for ax in flat[count:]:
         ax.set_visible(False)
     return fig, flat[:count]
+
+
+def explore(function: Callable, **controls):
+    """A chapter's explore cell: ``ipywidgets.interact`` live, the default state in the book.
+
+    ``controls`` are ``interact``'s abbreviations (``(low, high, step)``, a list of choices, a
+    bool); the initial values are ``function``'s own defaults, which every control needs. When the
+    book's pipeline executes the chapter (``ICML26_OFFLINE=1``, no widget frontend) the function
+    runs once at those defaults, so the rendered page shows a static figure; in Jupyter the
+    controls move it live.
+    """
+    import inspect
+    import os
+
+    signature = inspect.signature(function)
+    missing = [name for name in controls
+               if name not in signature.parameters
+               or signature.parameters[name].default is inspect.Parameter.empty]
+    if missing:
+        raise ValueError(f"explore: give {function.__name__} a default for {missing}")
+    if os.environ.get("ICML26_OFFLINE") == "1":
+        return function()
+    from ipywidgets import interact
+
+    return interact(function, **controls)
