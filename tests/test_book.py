@@ -35,3 +35,22 @@ def test_glued_numbers_exist_in_executed_notebooks(smoke_build):
         glued = [o for c in notebook.cells for o in c.get("outputs", [])
                  if "scrapbook" in o.get("metadata", {})]
         assert glued, f"{chapter.slug} glues no number"
+
+
+def test_ledger_gathers_every_chapters_checks(smoke_build, capsys):
+    """The build's ledger has each chapter with its paper claims; `icml26 claims` prints it."""
+    from icml26.toolchain import cli, ledger
+
+    _, html = smoke_build
+    out_root = html.parents[1]
+    book_ledger = ledger.load_ledger(out_root)
+    assert list(book_ledger) == [c.slug for c in chapters()]
+    for slug, entry in book_ledger.items():
+        counts = ledger.count_kinds(entry["rows"])
+        assert counts["paper"] >= 1, f"{slug} checks no claim of its paper"
+    page = (html / "book" / "appendix" / "reproduced.html").read_text(encoding="utf-8")
+    first_paper = next(r for r in book_ledger[chapters()[0].slug]["rows"] if r["kind"] == "paper")
+    assert first_paper["verdict"] in page
+    assert cli.main(["claims", "--out-root", str(out_root)]) == 0
+    printed = capsys.readouterr().out
+    assert all(f"{c.slug} (tier smoke, seed 0)" in printed for c in chapters())

@@ -5,12 +5,11 @@ import pytest
 import torch
 
 from icml26.core import (
-    ClaimError,
     Timer,
-    check_claim,
     check_count,
     check_positive,
     check_tier,
+    configure_threads,
     get_device,
     glue_number,
     glue_text,
@@ -66,20 +65,17 @@ def test_timer_measures_elapsed_time():
     assert 0 < timer.seconds < 5
 
 
-def test_check_claim_passes_and_fails_with_numbers():
-    claim = check_claim("power beats", 0.9, ">=", 0.5, power_a=0.9)
-    assert claim.holds and claim.enforced
-    with pytest.raises(ClaimError, match=r"0\.2 >= 0\.5.*power_a=0\.2"):
-        check_claim("power beats", 0.2, ">=", 0.5, power_a=0.2)
-    relaxed = check_claim("power beats", 0.2, ">=", 0.5, enforce=False)
-    assert not relaxed.holds and "not enforced" in relaxed.describe()
+def test_configure_threads_sets_torch_and_blas_pools(monkeypatch):
+    from threadpoolctl import threadpool_info
 
-
-def test_check_claim_rejects_bad_input():
-    with pytest.raises(ValueError, match="comparison"):
-        check_claim("x", 1, "=>", 0)
-    with pytest.raises(ValueError, match="NaN"):
-        check_claim("x", float("nan"), ">", 0)
+    monkeypatch.setenv("ICML26_THREADS", "2")
+    monkeypatch.setenv("ICML26_BLAS_THREADS", "1")
+    assert configure_threads() == 2 and torch.get_num_threads() == 2
+    blas = [pool for pool in threadpool_info() if pool["user_api"] == "blas"]
+    assert blas and all(pool["num_threads"] == 1 for pool in blas)
+    monkeypatch.setenv("ICML26_THREADS", "0")
+    with pytest.raises(ValueError, match="positive"):
+        configure_threads()
 
 
 def test_glue_number_rejects_non_numbers():

@@ -142,3 +142,32 @@ def test_cli_list_shows_every_chapter(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
     assert all(c.slug in out for c in pipeline.chapters())
+
+
+def test_ledger_renders_rows_by_kind():
+    from icml26.toolchain import ledger
+
+    rows = [
+        {"kind": "paper", "statement": "A | B beats C", "numbers": {"A - C": 0.25, "s.e.": 0.05},
+         "holds": True, "verdict": "reproduced", "expected": True},
+        {"kind": "finding", "statement": "D is noisy", "numbers": {"x": 1.0}, "holds": False,
+         "verdict": "does not hold", "expected": None},
+        {"kind": "verification", "statement": "identity", "numbers": {"value": 0.0},
+         "holds": True, "verdict": "holds", "expected": True},
+    ]
+    book = {"demo": {"title": "Demo chapter", "tier": "book", "seed": 0, "rows": rows}}
+    page = ledger.ledger_markdown(book)
+    assert "## [Demo chapter](../chapters/demo)" in page
+    assert "1 paper claims, 1 findings, 1 verifications (1 hold)" in page
+    assert "A \\| B beats C" in page and "A - C = 0.25" in page
+    assert "does not hold (reported, not asserted)" in page
+    assert "identity" not in page  # verifications are counted, not listed
+    assert ledger.count_kinds(rows) == {"verification": 1, "paper": 1, "finding": 1}
+    text = ledger.ledger_text(book)
+    assert "[paper] reproduced: A | B beats C" in text and "identity" not in text
+
+
+def test_cli_claims_without_a_build_says_so(tmp_path, capsys):
+    assert cli.main(["claims", "--out-root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "build the book first" in err

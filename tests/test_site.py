@@ -72,8 +72,11 @@ def site_url(built_html):
         server.shutdown()
 
 
-def _check_page(browser, url):
-    """Load one page and return a list of human-readable problems."""
+def _check_page(browser, url, math=True, selector=None):
+    """Load one page and return a list of human-readable problems.
+
+    ``math``: the page must typeset equations; ``selector``: an element the page must show.
+    """
     problems = []
 
     def route(route):
@@ -100,6 +103,11 @@ def _check_page(browser, url):
         page.on("pageerror", lambda err: problems.append(f"page error: {err}"))
         page.on("response", on_response)
         page.goto(url, wait_until="load")
+        if selector and page.locator(selector).count() == 0:
+            problems.append(f"no {selector} on the page")
+        if not math:
+            problems += [f"broken image: {src}" for src in page.evaluate(BROKEN_IMAGES_JS)]
+            return problems
         if not page.evaluate("() => !!(window.MathJax && MathJax.startup)"):
             return [*problems, "MathJax did not load"]
         if mathjax_error := page.evaluate(MATHJAX_DONE_JS):
@@ -134,3 +142,22 @@ def test_chapter_renders_in_browser(built_html, site_url):
         finally:
             browser.close()
     assert not failures, "chapters failed in the browser:\n" + "\n".join(failures)
+
+
+def test_ledger_page_renders_in_browser(built_html, site_url):
+    """The "What reproduced" page lists every chapter with a table of its claims."""
+    if not CHROMIUM:
+        pytest.skip("Chromium not found at /usr/bin/chromium or on PATH")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    page = built_html / "book" / "appendix" / "reproduced.html"
+    text = page.read_text(encoding="utf-8")
+    chapters = sorted(p.stem for p in (built_html / "book" / "chapters").glob("*.html"))
+    assert all(f"../chapters/{slug}.html" in text for slug in chapters), "a section per chapter"
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            problems = _check_page(browser, f"{site_url}/book/appendix/reproduced.html",
+                                   math=False, selector="table tbody tr")
+        finally:
+            browser.close()
+    assert not problems, "the ledger page failed in the browser:\n" + "\n".join(problems)

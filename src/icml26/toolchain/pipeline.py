@@ -41,6 +41,7 @@ from icml26.toolchain.chapters import (
     ROOT,
     Chapter,
     PipelineError,
+    RunRecord,
     chapters,
     find_chapter,
     read_source,

@@ -1,0 +1,661 @@
+"""The information geometry of softmax: probes, Euclidean steering and dual steering.
+
+Chapter ``dual-steering`` of the book. A softmax head with unembedding ``G`` (one row
+``gamma(y)`` per token) turns a representation ``lam`` into the exponential family
+``p_lam(y) = exp(<gamma(y), lam> - A(lam))`` (Eq. ``eq-dst-family``). This module holds
+
+* the geometry: the log-partition ``A`` (``eq-dst-family``), the mean parameter ``mu = grad A``
+  (``eq-dst-mean``), the Fisher metric ``grad^2 A`` (``eq-dst-fisher``), the Bregman divergence
+  of ``A`` as a KL divergence (``eq-dst-bregman``), the map back from mean to natural
+  coordinates (``eq-dst-mapback``), primal and dual interpolation (``eq-dst-interp``) and the KL
+  projection onto a probe level set (``eq-dst-projection``);
+* probes (logistic regression and mean difference) and the concept metrics (target ratio,
+  off-target KL with counterfactual pairs merged, rank changes);
+* steering: Euclidean steering along the probe and ridge-regularised dual (natural-gradient)
+  steering (``eq-dst-steer``), vectorised over contexts and stopped at a target ratio;
+* the bilingual toy language and a tiny next-token model with a low-dimensional representation
+  and an untied unembedding.
+
+Every array of representations is ``(n, d)`` or ``(d,)``; probabilities are ``(n, V)`` or
+``(V,)``. Bad input raises ``ValueError`` or ``TypeError``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.optimize import linprog, minimize
+from scipy.special import logsumexp, softmax
+
+from .core import check_count, check_positive
+
+# --- input checks -----------------------------------------------------------------------------
+
+
+def check_unembedding(G) -> np.ndarray:
+    """A finite ``(V, d)`` unembedding with ``V >= 2`` and ``d >= 1``, as float64."""
+    if isinstance(G, torch.Tensor):
+        G = G.detach().cpu().numpy()
+    G = np.asarray(G, dtype=float)
+    if G.ndim != 2 or G.shape[0] < 2 or G.shape[1] < 1:
+        raise ValueError(f"the unembedding must be a (V, d) matrix with V >= 2, got {G.shape}")
+    if not np.all(np.isfinite(G)):
+        raise ValueError("the unembedding contains NaN or infinite entries")
+    return G
+
+
+def check_representation(G: np.ndarray, lam) -> np.ndarray:
+    """``lam`` as float64 of shape ``(d,)`` or ``(n, d)`` matching the width of ``G``."""
+    if isinstance(lam, torch.Tensor):
+        lam = lam.detach().cpu().numpy()
+    lam = np.asarray(lam, dtype=float)
+    if lam.ndim not in (1, 2):
+        raise ValueError(f"a representation is a vector or a batch of vectors, got shape {lam.shape}")
+    if lam.shape[-1] != G.shape[1]:
+        raise ValueError(f"the representation has width {lam.shape[-1]}, "
+                         f"but the unembedding expects width {G.shape[1]}")
+    if not np.all(np.isfinite(lam)):
+        raise ValueError("the representation contains NaN or infinite entries")
+    return lam
+
+
+def check_direction(w, d: int) -> np.ndarray:
+    """A probe direction of width ``d`` with a positive, finite norm."""
+    if isinstance(w, torch.Tensor):
+        w = w.detach().cpu().numpy()
+    w = np.asarray(w, dtype=float)
+    if w.shape != (d,):
+        raise ValueError(f"the probe direction must have shape ({d},), got {w.shape}")
+    norm = np.linalg.norm(w)
+    if not np.isfinite(norm):
+        raise ValueError("the probe direction contains NaN or infinite entries")
+    if norm < 1e-12:
+        raise ValueError("the probe direction has zero norm: it defines no concept")
+    return w
+
+
+def check_probabilities(p, name: str = "p") -> np.ndarray:
+    """Rows of non-negative numbers summing to one."""
+    p = np.asarray(p, dtype=float)
+    if p.ndim not in (1, 2) or p.shape[-1] < 2:
+        raise ValueError(f"{name} must be a distribution or a batch of distributions, got {p.shape}")
+    if not np.all(np.isfinite(p)) or np.any(p < 0):
+        raise ValueError(f"{name} must be finite and non-negative")
+    if not np.allclose(p.sum(axis=-1), 1.0, atol=1e-8):
+        raise ValueError(f"every row of {name} must sum to one")
+    return p
+
+
+# --- the exponential family -------------------------------------------------------------------
+
+
+def log_partition(G, lam) -> np.ndarray | float:
+    """``A(lam) = log sum_y exp(<gamma(y), lam>)``, Eq. ``eq-dst-family``."""
+    G = check_unembedding(G)
+    lam = check_representation(G, lam)
+    out = logsumexp(lam @ G.T, axis=-1)
+    return float(out) if lam.ndim == 1 else out
+
+
+def probabilities(G, lam) -> np.ndarray:
+    """``p_lam = softmax(G lam)``, Eq. ``eq-dst-family``."""
+    G = check_unembedding(G)
+    lam = check_representation(G, lam)
+    return softmax(lam @ G.T, axis=-1)
+
+
+def mean_parameter(G, lam) -> np.ndarray:
+    """The dual coordinate ``mu(lam) = grad A(lam) = G^T p_lam``, Eq. ``eq-dst-mean``."""
+    G = check_unembedding(G)
+    return probabilities(G, lam) @ G
+
+
+def fisher_metric(G, lam) -> np.ndarray:
+    """``grad^2 A(lam) = Cov_{p_lam}[gamma(Y)] = G^T (diag p - p p^T) G``, Eq. ``eq-dst-fisher``.
+
+    Returns ``(d, d)`` for one representation and ``(n, d, d)`` for a batch.
+    """
+    G = check_unembedding(G)
+    p = probabilities(G, lam)
+    mu = p @ G
+    second = np.einsum("...v,vi,vj->...ij", p, G, G)
+    return second - mu[..., :, None] * mu[..., None, :]
+
+
+def kl_divergence(p, q) -> np.ndarray | float:
+    """``KL(p || q) = sum_y p(y) log(p(y) / q(y))`` row by row (``0 log 0 = 0``)."""
+    p = check_probabilities(p, "p")
+    q = check_probabilities(q, "q")
+    if p.shape[-1] != q.shape[-1]:
+        raise ValueError(f"p and q live on different supports: {p.shape} and {q.shape}")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(p > 0, p * (np.log(p) - np.log(q)), 0.0)
+    out = terms.sum(axis=-1)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def bregman_divergence(G, lam_a, lam_b) -> np.ndarray | float:
+    """``D_A(lam_a, lam_b) = A(lam_a) - A(lam_b) - <mu(lam_b), lam_a - lam_b>``.
+
+    Eq. ``eq-dst-bregman``: it equals ``KL(p_{lam_b} || p_{lam_a})`` (note the order).
+    """
+    G = check_unembedding(G)
+    lam_a = check_representation(G, lam_a)
+    lam_b = check_representation(G, lam_b)
+    gap = log_partition(G, lam_a) - log_partition(G, lam_b)
+    return gap - np.sum(mean_parameter(G, lam_b) * (lam_a - lam_b), axis=-1)
+
+
+def entropy(p) -> np.ndarray | float:
+    """Shannon entropy in nats, row by row."""
+    p = check_probabilities(p)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = -np.where(p > 0, p * np.log(p), 0.0).sum(axis=-1)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+# --- the map back from mean to natural coordinates --------------------------------------------
+
+
+def hull_margin(G, mu) -> float:
+    """The largest ``t`` with ``mu = G^T p``, ``p >= t``, ``sum p = 1`` (a linear program).
+
+    ``mu`` is in the interior of the convex hull of the unembedding rows (the range of the mean
+    map, Eq. ``eq-dst-mapback``) when the margin is positive; it is negative outside the hull.
+    """
+    G = check_unembedding(G)
+    mu = check_representation(G, mu)
+    if mu.ndim != 1:
+        raise ValueError("hull_margin takes one mean vector")
+    V, d = G.shape
+    # variables (p_1..p_V, t); maximise t subject to p_y - t >= 0, G^T p = mu, 1^T p = 1
+    c = np.zeros(V + 1)
+    c[-1] = -1.0
+    A_ub = np.hstack([-np.eye(V), np.ones((V, 1))])
+    A_eq = np.vstack([np.hstack([G.T, np.zeros((d, 1))]), np.hstack([np.ones(V), 0.0])])
+    b_eq = np.append(mu, 1.0)
+    res = linprog(c, A_ub=A_ub, b_ub=np.zeros(V), A_eq=A_eq, b_eq=b_eq,
+                  bounds=[(None, None)] * (V + 1), method="highs")
+    if res.status != 0:
+        return -math.inf
+    return float(-res.fun)
+
+
+def dual_to_primal(G, mu, *, init=None, method: str = "lbfgs", tol: float = 1e-10,
+                   max_iter: int = 500, check_range: bool = True) -> np.ndarray:
+    """Solve ``grad A(lam) = mu`` for ``lam``: the map back of Eq. ``eq-dst-mapback``.
+
+    ``method="lbfgs"`` minimises the convex function ``A(lam) - <mu, lam>`` with L-BFGS (its
+    gradient is ``mu(lam) - mu``); ``method="newton"`` runs damped Newton steps with the Fisher
+    metric, fast from a warm start ``init``. The solution exists and is unique when ``mu`` is in
+    the interior of the convex hull of the rows of ``G`` and ``G`` has full column rank after
+    centring; a ``mu`` outside raises ``ValueError``.
+    """
+    G = check_unembedding(G)
+    mu = check_representation(G, mu)
+    if mu.ndim != 1:
+        raise ValueError("dual_to_primal takes one mean vector")
+    if method not in ("lbfgs", "newton"):
+        raise ValueError(f"method must be 'lbfgs' or 'newton', got {method!r}")
+    if check_range and hull_margin(G, mu) <= 1e-12:
+        raise ValueError("the target mean lies outside the attainable range (the interior of "
+                         "the convex hull of the unembedding rows); no representation maps to it")
+    lam = np.zeros(G.shape[1]) if init is None else check_representation(G, init).copy()
+    if method == "lbfgs":
+        def objective(x):
+            z = G @ x
+            m = z.max()
+            e = np.exp(z - m)
+            s = e.sum()
+            return m + math.log(s) - mu @ x, G.T @ (e / s) - mu
+
+        res = minimize(objective, lam, jac=True, method="L-BFGS-B",
+                       options=dict(maxiter=max_iter, gtol=tol, ftol=0.0, maxcor=20))
+        lam = res.x
+    else:
+        for _ in range(max_iter):
+            grad = mean_parameter(G, lam) - mu
+            if np.linalg.norm(grad) < tol:
+                break
+            step = np.linalg.solve(fisher_metric(G, lam), grad)
+            f0 = log_partition(G, lam) - mu @ lam
+            t = 1.0
+            while t > 1e-8:
+                trial = lam - t * step
+                if log_partition(G, trial) - mu @ trial <= f0 - 0.25 * t * grad @ step:
+                    break
+                t /= 2
+            lam = lam - t * step
+    residual = np.linalg.norm(mean_parameter(G, lam) - mu)
+    if residual > 1e-5 * max(1.0, np.linalg.norm(mu)):
+        raise ValueError(f"the map back did not converge (|grad A - mu| = {residual:.2e}); the "
+                         "target mean is at or near the edge of the attainable range")
+    return lam
+
+
+def primal_interpolation(G, lam0, lam1, s) -> np.ndarray:
+    """``p_s`` on the straight line in natural coordinates, Eq. ``eq-dst-interp`` (product)."""
+    G = check_unembedding(G)
+    lam0, lam1 = check_representation(G, lam0), check_representation(G, lam1)
+    s = np.atleast_1d(np.asarray(s, dtype=float))
+    return probabilities(G, (1 - s)[:, None] * lam0 + s[:, None] * lam1)
+
+
+def dual_interpolation(G, lam0, lam1, s) -> np.ndarray:
+    """``p_s`` on the straight line in mean coordinates, Eq. ``eq-dst-interp`` (mixture).
+
+    Each point solves the map back for ``mu = (1 - s) mu_0 + s mu_1`` with warm-started Newton.
+    """
+    G = check_unembedding(G)
+    lam0, lam1 = check_representation(G, lam0), check_representation(G, lam1)
+    s = np.atleast_1d(np.asarray(s, dtype=float))
+    if np.any((s < 0) | (s > 1)):
+        raise ValueError("dual interpolation is defined for s in [0, 1]")
+    mu0, mu1 = mean_parameter(G, lam0), mean_parameter(G, lam1)
+    out, lam = [], lam0.copy()
+    for t in s:
+        lam = dual_to_primal(G, (1 - t) * mu0 + t * mu1, init=lam, method="newton",
+                             check_range=False)
+        out.append(probabilities(G, lam))
+    return np.array(out)
+
+
+def kl_projection(G, lam0, w, level: float, *, tol: float = 1e-12) -> np.ndarray:
+    """``argmin_lam KL(p_{lam0} || p_lam)`` subject to ``<w, lam> = level``, Eq. ``eq-dst-projection``.
+
+    Solved directly (L-BFGS over the hyperplane, coordinates ``lam = level w/|w|^2 + B z`` with
+    ``B`` an orthonormal basis of the complement of ``w``), without using the theorem that the
+    answer lies on the dual line; the chapter checks that it does.
+    """
+    G = check_unembedding(G)
+    lam0 = check_representation(G, lam0)
+    if lam0.ndim != 1:
+        raise ValueError("kl_projection takes one representation")
+    w = check_direction(w, G.shape[1])
+    if isinstance(level, bool) or not isinstance(level, numbers.Real) or not np.isfinite(level):
+        raise ValueError(f"the probe level must be a finite real number, got {level!r}")
+    d = G.shape[1]
+    basis = np.linalg.svd(np.eye(d) - np.outer(w, w) / (w @ w))[0][:, : d - 1]
+    anchor = level * w / (w @ w)
+    mu0 = mean_parameter(G, lam0)
+    z0 = basis.T @ (lam0 - anchor)
+
+    def objective(z):
+        lam = anchor + basis @ z
+        logits_ = G @ lam
+        m = logits_.max()
+        e = np.exp(logits_ - m)
+        s = e.sum()
+        value = m + math.log(s) - mu0 @ lam
+        return value, basis.T @ (G.T @ (e / s) - mu0)
+
+    res = minimize(objective, z0, jac=True, method="L-BFGS-B",
+                   options=dict(maxiter=2000, gtol=tol, ftol=0.0, maxcor=30))
+    return anchor + basis @ res.x
+
+
+def pythagorean_residual(G, lam0, lam_star, lam_other) -> float:
+    """``KL(p0 || p'') - KL(p0 || p*) - KL(p* || p'')``, Eq. ``eq-dst-pythagoras`` (0 in theory)."""
+    G = check_unembedding(G)
+    p0, ps, po = (probabilities(G, x) for x in (lam0, lam_star, lam_other))
+    return float(kl_divergence(p0, po) - kl_divergence(p0, ps) - kl_divergence(ps, po))
+
+
+def dual_line_residual(G, lam0, lam, w) -> float:
+    """``|P_{w-perp}(mu(lam) - mu(lam0))| / |mu(lam) - mu(lam0)|``: 0 when ``lam`` is on the dual line."""
+    G = check_unembedding(G)
+    w = check_direction(w, G.shape[1])
+    delta = mean_parameter(G, lam) - mean_parameter(G, lam0)
+    perp = delta - (delta @ w) / (w @ w) * w
+    return float(np.linalg.norm(perp) / max(np.linalg.norm(delta), 1e-300))
+
+
+# --- probes and concept metrics ---------------------------------------------------------------
+
+
+def _check_xy(X, y):
+    X = np.asarray(X, dtype=float)
+    y = np.asarray(y)
+    if X.ndim != 2 or y.shape != (X.shape[0],):
+        raise ValueError(f"need X of shape (n, d) and labels of shape (n,), got {X.shape}, {y.shape}")
+    if set(np.unique(y).tolist()) != {0, 1}:
+        raise ValueError("labels must be 0 and 1, both present")
+    return X, y.astype(int)
+
+
+def mean_difference_probe(X, y) -> np.ndarray:
+    """The probe direction ``mean(X | y=1) - mean(X | y=0)``."""
+    X, y = _check_xy(X, y)
+    return X[y == 1].mean(axis=0) - X[y == 0].mean(axis=0)
+
+
+def logistic_probe(X, y, C: float = 1.0) -> tuple[np.ndarray, float]:
+    """A logistic-regression probe ``sigma(<w, x> + b)``; returns ``(w, b)``."""
+    from sklearn.linear_model import LogisticRegression
+
+    X, y = _check_xy(X, y)
+    model = LogisticRegression(C=check_positive(C, "C"), max_iter=2000).fit(X, y)
+    return model.coef_[0].copy(), float(model.intercept_[0])
+
+
+def probe_accuracy(X, y, w, b: float = 0.0) -> float:
+    """Share of rows where ``<w, x> + b > 0`` agrees with the label."""
+    X, y = _check_xy(X, y)
+    w = check_direction(w, X.shape[1])
+    return float(np.mean((X @ w + b > 0).astype(int) == y))
+
+
+def check_pairs(base, target, V: int) -> tuple[np.ndarray, np.ndarray]:
+    """Counterfactual pairs ``(base[k], target[k])``: disjoint, distinct token ids in ``[0, V)``."""
+    base = np.asarray(base, dtype=int)
+    target = np.asarray(target, dtype=int)
+    if base.ndim != 1 or base.shape != target.shape or base.size == 0:
+        raise ValueError("base and target must be equally long, non-empty lists of token ids")
+    both = np.concatenate([base, target])
+    if both.min() < 0 or both.max() >= V:
+        raise ValueError(f"token ids must lie in [0, {V})")
+    if np.unique(both).size != both.size:
+        raise ValueError("the base and target tokens must all be distinct")
+    return base, target
+
+
+def target_ratio(p, base, target) -> np.ndarray | float:
+    """``P(target forms) / (P(base forms) + P(target forms))``: the behavioural concept value."""
+    p = np.asarray(p, dtype=float)
+    base, target = check_pairs(base, target, p.shape[-1])
+    pt = p[..., target].sum(axis=-1)
+    return pt / (p[..., base].sum(axis=-1) + pt)
+
+
+def merge_pairs(p, base, target) -> np.ndarray:
+    """Merge each counterfactual pair into one outcome: the distribution with the concept removed.
+
+    The merged outcome ``k`` carries ``p(base_k) + p(target_k)``; every other token keeps its
+    own probability. Output columns: the merged pairs, then the remaining tokens in id order.
+    """
+    p = np.asarray(p, dtype=float)
+    base, target = check_pairs(base, target, p.shape[-1])
+    rest = np.setdiff1d(np.arange(p.shape[-1]), np.concatenate([base, target]))
+    return np.concatenate([p[..., base] + p[..., target], p[..., rest]], axis=-1)
+
+
+def offtarget_kl(p0, p, base, target) -> np.ndarray | float:
+    """``KL(q_0 || q)`` of the merged distributions (forward, from the start)."""
+    return kl_divergence(merge_pairs(p0, base, target), merge_pairs(p, base, target))
+
+
+def rank_change(p0, p, base, target, top: int = 10) -> np.ndarray | float:
+    """Mean absolute change of rank, in the merged distribution, of the ``top`` merged outcomes of ``p0``."""
+    q0 = np.atleast_2d(merge_pairs(p0, base, target))
+    q = np.atleast_2d(merge_pairs(p, base, target))
+    top = check_count(top, "top", 1)
+    ranks0 = np.argsort(np.argsort(-q0, axis=-1), axis=-1)
+    ranks = np.argsort(np.argsort(-q, axis=-1), axis=-1)
+    best = np.argsort(-q0, axis=-1)[:, :top]
+    out = np.abs(np.take_along_axis(ranks, best, -1) - np.take_along_axis(ranks0, best, -1))
+    out = out.mean(axis=-1)
+    return float(out[0]) if np.ndim(p0) == 1 and np.ndim(p) == 1 else out
+
+
+# --- steering ---------------------------------------------------------------------------------
+
+
+def steering_direction(G, lam, w, alpha: float) -> np.ndarray:
+    """Unit step directions of Eq. ``eq-dst-steer``: ``normalize((F(lam) + alpha I)^{-1} w)``.
+
+    ``alpha = inf`` gives Euclidean steering ``w / |w|``; ``alpha = 0`` gives exact dual
+    (natural-gradient) steering, whose mean moves along ``w``. ``lam`` may be a batch.
+    """
+    G = check_unembedding(G)
+    lam = check_representation(G, lam)
+    w = check_direction(w, G.shape[1])
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or alpha < 0 \
+            or math.isnan(alpha):
+        raise ValueError(f"alpha must be a non-negative number or inf, got {alpha!r}")
+    batch = np.atleast_2d(lam)
+    if math.isinf(alpha):
+        out = np.broadcast_to(w / np.linalg.norm(w), batch.shape).copy()
+    else:
+        F = fisher_metric(G, batch) + alpha * np.eye(G.shape[1])
+        out = np.linalg.solve(F, np.broadcast_to(w, batch.shape)[..., None])[..., 0]
+        out /= np.linalg.norm(out, axis=-1, keepdims=True)
+    return out if lam.ndim == 2 else out[0]
+
+
+@dataclass
+class SteeringResult:
+    """Where steering stopped for each context: the representation, whether the target ratio was
+    reached, the steps taken, and the arc length travelled in representation space."""
+
+    lam: np.ndarray
+    reached: np.ndarray
+    steps: np.ndarray
+    length: np.ndarray
+
+
+def steer_to_ratio(G, lam0, w, base, target, *, ratio: float = 0.9, alpha: float = math.inf,
+                   step: float = 0.05, max_steps: int = 2000, correct: bool = True,
+                   bisections: int = 30) -> SteeringResult:
+    """Steer every context along Eq. ``eq-dst-steer`` until the target ratio reaches ``ratio``.
+
+    Steps of arc length ``step`` along ``steering_direction``; the crossing inside the last step
+    is found by bisection on the segment. With ``alpha = 0`` and ``correct=True`` each step is
+    followed by one Newton correction back onto the dual line ``mu(lam) = mu_0 + nu w`` (removing
+    the discretisation drift). Contexts that do not reach the ratio within ``max_steps`` keep their
+    last point with ``reached = False``. The target ratio must lie strictly between 0 and 1.
+    """
+    G = check_unembedding(G)
+    lam0 = np.atleast_2d(check_representation(G, lam0))
+    w = check_direction(w, G.shape[1])
+    base, target = check_pairs(base, target, G.shape[0])
+    if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not 0 < ratio < 1:
+        raise ValueError(f"the target ratio must lie strictly between 0 and 1, got {ratio!r}; "
+                         "a ratio of 0 or 1 is outside the attainable range of the softmax")
+    step = check_positive(step, "step")
+    max_steps = check_count(max_steps, "max_steps", 1)
+    n = lam0.shape[0]
+    lam = lam0.copy()
+    mu0 = mean_parameter(G, lam0)
+    what = w / np.linalg.norm(w)
+    steps = np.zeros(n, dtype=int)
+    reached = target_ratio(probabilities(G, lam), base, target) >= ratio
+    active = ~reached
+    for _ in range(max_steps):
+        if not active.any():
+            break
+        idx = np.flatnonzero(active)
+        cur = lam[idx]
+        new = cur + step * steering_direction(G, cur, w, alpha)
+        if alpha == 0 and correct:
+            delta = mean_parameter(G, new) - mu0[idx]
+            off = delta - (delta @ what)[:, None] * what
+            new = new - np.linalg.solve(fisher_metric(G, new), off[..., None])[..., 0]
+        r_new = target_ratio(probabilities(G, new), base, target)
+        hit = r_new >= ratio
+        for j in np.flatnonzero(hit):
+            lo, hi = cur[j], new[j]
+            for _b in range(bisections):
+                mid = 0.5 * (lo + hi)
+                if target_ratio(probabilities(G, mid), base, target) >= ratio:
+                    hi = mid
+                else:
+                    lo = mid
+            new[j] = hi
+        lam[idx] = new
+        steps[idx] += 1
+        reached[idx[hit]] = True
+        active[idx[hit]] = False
+    length = np.linalg.norm(lam - lam0, axis=-1)
+    return SteeringResult(lam, reached, steps, length)
+
+
+def steering_path(G, lam0, w, *, alpha: float = math.inf, step: float = 0.05,
+                  steps: int = 100) -> np.ndarray:
+    """The whole path ``(steps + 1, d)`` of one context under Eq. ``eq-dst-steer`` (no stopping)."""
+    G = check_unembedding(G)
+    lam = check_representation(G, lam0)
+    if lam.ndim != 1:
+        raise ValueError("steering_path takes one representation")
+    steps = check_count(steps, "steps", 1)
+    step = check_positive(step, "step")
+    path = [lam.copy()]
+    for _ in range(steps):
+        lam = lam + step * steering_direction(G, lam, w, alpha)
+        path.append(lam.copy())
+    return np.array(path)
+
+
+# --- the bilingual toy language ---------------------------------------------------------------
+
+
+@dataclass
+class BilingualLanguage:
+    """A toy language with a known binary concept (the language bit) and topics.
+
+    Token ids: ``n_verbs`` English verbs, their ``n_verbs`` French forms, ``n_topics`` topic cues,
+    ``n_cues`` English and ``n_cues`` French function words, ``n_fillers`` neutral fillers, and a
+    padding id ``vocab_size`` that is never predicted. A sequence draws a topic and a language;
+    its context (of random length) mixes topic cues, language cues, verbs of the topic in the
+    sequence's form, and fillers, each corrupted with small probabilities; the next token is a
+    verb of the topic in the sequence's form (probability ``1 - filler_prob``) or a filler.
+    """
+
+    n_verbs: int = 24
+    n_topics: int = 6
+    n_cues: int = 3
+    n_fillers: int = 8
+    max_context: int = 10
+    topic_concentration: float = 0.3
+    filler_prob: float = 0.25
+    noise: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("n_verbs", "n_topics", "n_cues", "n_fillers", "max_context"):
+            check_count(getattr(self, name), name, 1)
+        check_positive(self.topic_concentration, "topic_concentration")
+        if not 0 <= self.filler_prob < 1 or not 0 <= self.noise < 0.5:
+            raise ValueError("filler_prob must lie in [0, 1) and noise in [0, 0.5)")
+        rng = np.random.default_rng(self.seed)
+        self.topic_verbs = rng.dirichlet(np.full(self.n_verbs, self.topic_concentration),
+                                         size=self.n_topics)
+        self.filler_dist = rng.dirichlet(np.full(self.n_fillers, 2.0))
+
+    @property
+    def vocab_size(self) -> int:
+        return 2 * self.n_verbs + self.n_topics + 2 * self.n_cues + self.n_fillers
+
+    @property
+    def pad(self) -> int:
+        return self.vocab_size
+
+    @property
+    def english(self) -> np.ndarray:
+        return np.arange(self.n_verbs)
+
+    @property
+    def french(self) -> np.ndarray:
+        return np.arange(self.n_verbs, 2 * self.n_verbs)
+
+    def _offsets(self):
+        topic0 = 2 * self.n_verbs
+        cue0 = topic0 + self.n_topics
+        filler0 = cue0 + 2 * self.n_cues
+        return topic0, cue0, filler0
+
+    def sample(self, n: int, rng: np.random.Generator, language=None, min_context: int = 1):
+        """``n`` sequences: contexts ``(n, max_context)`` (padded), next tokens, languages, topics.
+
+        ``language`` fixes the language bit (0 English, 1 French); ``None`` draws it fairly.
+        """
+        n = check_count(n, "n", 1)
+        min_context = check_count(min_context, "min_context", 1)
+        if min_context > self.max_context:
+            raise ValueError("min_context exceeds max_context")
+        topic0, cue0, filler0 = self._offsets()
+        topics = rng.integers(self.n_topics, size=n)
+        lang = rng.integers(2, size=n) if language is None else np.full(n, int(language))
+        lengths = rng.integers(min_context, self.max_context + 1, size=n)
+        shape = (n, self.max_context)
+        kind = rng.choice(4, size=shape, p=[0.3, 0.2, 0.3, 0.2])
+        flip = rng.random(shape) < self.noise
+        t, z = topics[:, None], lang[:, None]
+        zz = np.where(flip, 1 - z, z)
+        topic_tok = topic0 + np.where(flip, rng.integers(self.n_topics, size=shape), t)
+        cue_tok = cue0 + zz * self.n_cues + rng.integers(self.n_cues, size=shape)
+        cum = np.cumsum(self.topic_verbs[topics], axis=1)
+        verb = np.minimum((cum[:, None, :] < rng.random(shape)[..., None]).sum(-1),
+                          self.n_verbs - 1)
+        verb_tok = zz * self.n_verbs + verb
+        filler_tok = filler0 + np.minimum(
+            np.searchsorted(np.cumsum(self.filler_dist), rng.random(shape)), self.n_fillers - 1)
+        ctx = np.choose(kind, [topic_tok, cue_tok, verb_tok, filler_tok]).astype(np.int64)
+        ctx[np.arange(self.max_context)[None, :] >= lengths[:, None]] = self.pad
+        is_filler = rng.random(n) < self.filler_prob
+        verbs = np.minimum((cum < rng.random(n)[:, None]).sum(-1), self.n_verbs - 1)
+        fillers = filler0 + np.minimum(
+            np.searchsorted(np.cumsum(self.filler_dist), rng.random(n)), self.n_fillers - 1)
+        nxt = np.where(is_filler, fillers, lang * self.n_verbs + verbs)
+        return ctx, nxt, lang, topics
+
+
+class BagModel(torch.nn.Module):
+    """Mean of token embeddings -> MLP -> representation ``lam`` in R^d -> untied unembedding ``G``.
+
+    ``logits = G lam`` with no bias, so the head is exactly the exponential family of
+    Eq. ``eq-dst-family``.
+    """
+
+    def __init__(self, vocab_size: int, width: int = 32, hidden: int = 64, d: int = 12,
+                 seed: int = 0) -> None:
+        super().__init__()
+        check_count(vocab_size, "vocab_size", 2)
+        torch.manual_seed(seed)
+        self.embed = torch.nn.Embedding(vocab_size + 1, width, padding_idx=vocab_size)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, hidden), torch.nn.GELU(),
+                                       torch.nn.Linear(hidden, d))
+        self.unembed = torch.nn.Linear(d, vocab_size, bias=False)
+        self.pad = vocab_size
+
+    def representation(self, ctx: torch.Tensor) -> torch.Tensor:
+        mask = (ctx != self.pad).unsqueeze(-1).float()
+        pooled = (self.embed(ctx) * mask).sum(1) / mask.sum(1).clamp(min=1)
+        return self.mlp(pooled)
+
+    def forward(self, ctx: torch.Tensor) -> torch.Tensor:
+        return self.unembed(self.representation(ctx))
+
+    @property
+    def G(self) -> np.ndarray:
+        return self.unembed.weight.detach().double().numpy().copy()
+
+
+def train_bag_model(language: BilingualLanguage, *, d: int = 12, steps: int = 1500,
+                    batch_size: int = 256, lr: float = 3e-3, seed: int = 0) -> tuple[BagModel, list]:
+    """Train :class:`BagModel` on fresh samples of ``language`` with Adam; returns (model, losses)."""
+    steps = check_count(steps, "steps", 1)
+    rng = np.random.default_rng(seed + 1)
+    model = BagModel(language.vocab_size, d=check_count(d, "d", 2), seed=seed)
+    optimiser = torch.optim.Adam(model.parameters(), lr=check_positive(lr, "lr"))
+    ctx, nxt, _, _ = language.sample(steps * batch_size // 4 + batch_size, rng)
+    ctx_t, nxt_t = torch.from_numpy(ctx), torch.from_numpy(nxt)
+    gen = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(steps):
+        idx = torch.randint(len(ctx_t), (batch_size,), generator=gen)
+        loss = torch.nn.functional.cross_entropy(model(ctx_t[idx]), nxt_t[idx])
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        losses.append(float(loss))
+    return model, losses
+
+
+def representations(model: BagModel, ctx) -> np.ndarray:
+    """The representations ``lam`` of contexts, as float64 ``(n, d)``."""
+    with torch.no_grad():
+        return model.representation(torch.as_tensor(ctx)).double().numpy()

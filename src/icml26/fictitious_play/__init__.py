@@ -1,0 +1,46 @@
+"""Smooth fictitious play, from matrix games to opponent simulation in repeated negotiation.
+
+Chapter ``fictitious-play`` of the book. ``matrix`` holds fictitious play and smooth fictitious
+play in matrix games with their regret bound; ``negotiation`` the repeated negotiation games,
+the opponent models, best-of-N scoring by simulation, and the agents compared in the chapter.
+"""
+
+from .matrix import (
+    MatrixPlay,
+    check_game,
+    entropy,
+    fictitious_play,
+    regret_bound,
+    rock_paper_scissors,
+    shapley_game,
+    smooth_best_response,
+    stochastic_fictitious_play,
+)
+from .negotiation import (
+    METHODS,
+    ExchangeGame,
+    LogisticModel,
+    Partner,
+    PriceGame,
+    RepeatedRun,
+    Seller,
+    Switching,
+    best_of_n,
+    bon_choice_probabilities,
+    candidate_pool,
+    expected_utility,
+    fit_logistic,
+    play_episode,
+    run_repeated,
+    sigmoid,
+    simulated_utility,
+)
+
+__all__ = [
+    "METHODS", "ExchangeGame", "LogisticModel", "MatrixPlay", "Partner", "PriceGame",
+    "RepeatedRun", "Seller", "Switching", "best_of_n", "bon_choice_probabilities",
+    "candidate_pool", "check_game", "entropy", "expected_utility", "fictitious_play",
+    "fit_logistic", "play_episode", "regret_bound", "rock_paper_scissors", "run_repeated",
+    "shapley_game", "sigmoid", "simulated_utility", "smooth_best_response",
+    "stochastic_fictitious_play",
+]

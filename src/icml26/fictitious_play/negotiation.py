@@ -1,0 +1,441 @@
+"""Repeated negotiation with opponent simulation: smooth fictitious play as inference-time search.
+
+An agent meets the same (hidden) opponent in many episodes. Each episode is a short negotiation:
+the agent proposes in rounds ``h = 0, ..., H-1`` and the opponent accepts or rejects each
+proposal. The agent's "language model" is a stochastic proposal distribution over negotiation
+strategies. Smooth fictitious play (sFP) turns it into an adaptive agent without changing it:
+
+1. **belief**: an opponent model fitted to *all* past episodes (the time-averaged opponent,
+   Eq. (eq-sfp-model));
+2. **best response**: best-of-``N`` candidates drawn from the proposal distribution, each scored
+   by simulating the negotiation against the model, exactly (Eq. (eq-sfp-eu)) or by Monte Carlo
+   rollouts.
+
+Two game forms share the code: a buyer bargaining over a price (:class:`PriceGame`) and a
+two-issue exchange (:class:`ExchangeGame`). The methods of :func:`run_repeated` are the base
+policy (no adaptation), best-of-``N`` against a fixed prior model, against a model of the last
+episode only, against the time-averaged model (sFP), and against the true opponent (oracle).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from icml26.core import check_count, check_positive
+
+METHODS = ("base", "prior", "last", "sfp", "oracle")
+"""The agents of :func:`run_repeated`."""
+
+SCORINGS = ("exact", "mc")
+
+
+def sigmoid(z):
+    return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(z, dtype=float)))
+
+
+# --- games ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PriceGame:
+    """A buyer (the agent) offers a price in each of ``rounds`` rounds; a deal at ``x`` is worth
+    ``value - x`` to the buyer.
+
+    A strategy is ``(x0, rate)``: offer ``x_h = min(x0 + rate h, value)``. The proposal
+    distribution (the agent's "language model") draws ``x0 ~ U[x0_low, x0_high]`` and
+    ``rate ~ U[0, rate_high]``. Offers must lie in ``[0, value]``.
+    """
+
+    rounds: int = 5
+    value: float = 1.0
+    x0_low: float = 0.05
+    x0_high: float = 0.8
+    rate_high: float = 0.2
+
+    def __post_init__(self):
+        check_count(self.rounds, "rounds", 1)
+        check_positive(self.value, "value")
+        if not 0 <= self.x0_low <= self.x0_high <= self.value:
+            raise ValueError("need 0 <= x0_low <= x0_high <= value")
+        if self.rate_high < 0:
+            raise ValueError("rate_high must be non-negative")
+
+    n_issues = 1
+    n_params = 2
+
+    def sample_strategies(self, rng: np.random.Generator, size) -> np.ndarray:
+        """Draw strategies from the proposal distribution: shape ``size + (2,)``."""
+        size = (size,) if isinstance(size, numbers.Integral) else tuple(size)
+        u = rng.random(size + (2,))
+        lows = np.array([self.x0_low, 0.0])
+        highs = np.array([self.x0_high, self.rate_high])
+        return lows + (highs - lows) * u
+
+    def offers(self, strategies) -> np.ndarray:
+        """Offers ``(n, H, 1)`` of strategies ``(n, 2)``."""
+        s = np.asarray(strategies, dtype=float)
+        if s.ndim != 2 or s.shape[1] != 2:
+            raise ValueError(f"price strategies have shape (n, 2), got {s.shape}")
+        h = np.arange(self.rounds)
+        x = np.minimum(s[:, :1] + s[:, 1:] * h, self.value)
+        return self.check_offers(x[..., None])
+
+    def check_offers(self, offers) -> np.ndarray:
+        x = np.asarray(offers, dtype=float)
+        if x.ndim != 3 or x.shape[1:] != (self.rounds, 1):
+            raise ValueError(f"offers must have shape (n, {self.rounds}, 1), got {x.shape}")
+        if not np.all(np.isfinite(x)) or np.any(x < 0) or np.any(x > self.value):
+            raise ValueError(f"offers must lie in the feasible range [0, {self.value}]")
+        return x
+
+    def utility(self, offers) -> np.ndarray:
+        """The agent's payoff ``value - x_h`` if the offer of round ``h`` is accepted: ``(n, H)``."""
+        return self.value - self.check_offers(offers)[..., 0]
+
+    def features(self, offers) -> np.ndarray:
+        """Opponent-model features ``(1, x, h/H, x h/H)`` of each proposal: ``(n, H, 4)``."""
+        x = self.check_offers(offers)[..., 0]
+        t = np.broadcast_to(np.arange(self.rounds) / self.rounds, x.shape)
+        return np.stack([np.ones_like(x), x, t, x * t], axis=-1)
+
+    def threshold_model(self, threshold: float, steepness: float = 0.03) -> LogisticModel:
+        """A fixed model "the seller accepts offers above ``threshold`` in every round"."""
+        check_positive(steepness, "steepness")
+        return LogisticModel(np.array([-threshold / steepness, 1 / steepness, 0.0, 0.0]))
+
+
+@dataclass(frozen=True)
+class ExchangeGame:
+    """Two issues to divide; a proposal gives the agent the shares ``x = (x1, x2)`` in ``[0, 1]^2``.
+
+    The agent values a deal at ``weights . x``. A strategy is ``(s1, s2, rate)``: propose
+    ``x_h = max(s - rate h, 0)`` on both issues. The proposal distribution draws ``s`` uniform
+    on ``[0, 1]^2`` and ``rate ~ U[0, rate_high]``.
+    """
+
+    rounds: int = 4
+    weights: tuple[float, float] = (0.7, 0.3)
+    rate_high: float = 0.15
+
+    n_issues = 2
+    n_params = 3
+
+    def __post_init__(self):
+        check_count(self.rounds, "rounds", 1)
+        w = np.asarray(self.weights, dtype=float)
+        if w.shape != (2,) or np.any(w < 0):
+            raise ValueError("weights must be two non-negative numbers")
+
+    def sample_strategies(self, rng: np.random.Generator, size) -> np.ndarray:
+        size = (size,) if isinstance(size, numbers.Integral) else tuple(size)
+        u = rng.random(size + (3,))
+        return u * np.array([1.0, 1.0, self.rate_high])
+
+    def offers(self, strategies) -> np.ndarray:
+        s = np.asarray(strategies, dtype=float)
+        if s.ndim != 2 or s.shape[1] != 3:
+            raise ValueError(f"exchange strategies have shape (n, 3), got {s.shape}")
+        h = np.arange(self.rounds)
+        x = np.clip(s[:, None, :2] - s[:, None, 2:] * h[None, :, None], 0.0, 1.0)
+        return self.check_offers(x)
+
+    def check_offers(self, offers) -> np.ndarray:
+        x = np.asarray(offers, dtype=float)
+        if x.ndim != 3 or x.shape[1:] != (self.rounds, 2):
+            raise ValueError(f"offers must have shape (n, {self.rounds}, 2), got {x.shape}")
+        if not np.all(np.isfinite(x)) or np.any(x < 0) or np.any(x > 1):
+            raise ValueError("shares must lie in the feasible range [0, 1]")
+        return x
+
+    def utility(self, offers) -> np.ndarray:
+        return self.check_offers(offers) @ np.asarray(self.weights, dtype=float)
+
+    def features(self, offers) -> np.ndarray:
+        """Opponent-model features ``(1, x1, x2, h/H)``: ``(n, H, 4)``."""
+        x = self.check_offers(offers)
+        t = np.broadcast_to(np.arange(self.rounds) / self.rounds, x.shape[:2])
+        return np.concatenate([np.ones(x.shape[:2] + (1,)), x, t[..., None]], axis=-1)
+
+    def symmetric_model(self, reservation: float, steepness: float = 0.05) -> LogisticModel:
+        """A fixed model "the partner weighs both issues equally and wants ``reservation``"."""
+        check_positive(steepness, "steepness")
+        return LogisticModel(np.array([(1.0 - reservation) / steepness, -0.5 / steepness,
+                                       -0.5 / steepness, 0.0]))
+
+
+# --- opponents and opponent models -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Seller:
+    """A seller with a hidden concession type ``(theta0, beta)``, Eq. (eq-sfp-seller).
+
+    Its reservation price falls from ``theta0`` towards ``floor`` as
+    ``theta_h = floor + (theta0 - floor)(1 - h/H)^beta``; it accepts ``x`` with probability
+    ``sigmoid((x - theta_h) / steepness)``.
+    """
+
+    theta0: float = 0.75
+    beta: float = 0.7
+    floor: float = 0.3
+    steepness: float = 0.03
+
+    def thresholds(self, rounds: int) -> np.ndarray:
+        h = np.arange(rounds) / rounds
+        return self.floor + (self.theta0 - self.floor) * (1 - h) ** self.beta
+
+    def accept_probability(self, game: PriceGame, offers, episode: int = 0) -> np.ndarray:
+        x = game.check_offers(offers)[..., 0]
+        return sigmoid((x - self.thresholds(game.rounds)) / self.steepness)
+
+
+@dataclass(frozen=True)
+class Partner:
+    """An exchange partner with hidden issue weights; it accepts with probability
+    ``sigmoid((w . (1 - x) - r_h) / steepness)``, its demand ``r_h`` falling by ``concession``
+    per round."""
+
+    weights: tuple[float, float] = (0.2, 0.8)
+    reservation: float = 0.5
+    concession: float = 0.05
+    steepness: float = 0.05
+
+    def accept_probability(self, game: ExchangeGame, offers, episode: int = 0) -> np.ndarray:
+        x = game.check_offers(offers)
+        theirs = (1 - x) @ np.asarray(self.weights, dtype=float)
+        demand = self.reservation - self.concession * np.arange(game.rounds)
+        return sigmoid((theirs - demand) / self.steepness)
+
+
+@dataclass(frozen=True)
+class Switching:
+    """An opponent that switches type every ``period`` episodes, cycling through ``types``."""
+
+    types: tuple
+    period: int = 3
+
+    def __post_init__(self):
+        check_count(self.period, "period", 1)
+        if len(self.types) < 1:
+            raise ValueError("a switching opponent needs at least one type")
+
+    def current(self, episode: int):
+        return self.types[(episode // self.period) % len(self.types)]
+
+    def accept_probability(self, game, offers, episode: int = 0) -> np.ndarray:
+        return self.current(episode).accept_probability(game, offers, episode)
+
+
+@dataclass(frozen=True)
+class LogisticModel:
+    """Opponent model: ``P(accept) = sigmoid(features . coef)``, Eq. (eq-sfp-model)."""
+
+    coef: np.ndarray
+
+    def accept_probability(self, game, offers, episode: int = 0) -> np.ndarray:
+        return sigmoid(game.features(offers) @ self.coef)
+
+
+def fit_logistic(features, accepts, ridge: float = 1e-3, coef0=None,
+                 iterations: int = 50) -> np.ndarray:
+    """Ridge-penalised logistic regression by Newton's method (IRLS), Eq. (eq-sfp-model).
+
+    Maximises ``sum_i log p(y_i | f_i) - ridge/2 |w|^2``; with no data the answer is ``w = 0``
+    (acceptance 1/2 everywhere: the uniform belief).
+    """
+    X = np.asarray(features, dtype=float)
+    y = np.asarray(accepts, dtype=float)
+    if X.ndim != 2 or y.shape != (X.shape[0],):
+        raise ValueError(f"features (n, d) and accepts (n,) needed, got {X.shape}, {y.shape}")
+    ridge = check_positive(ridge, "ridge")
+    w = np.zeros(X.shape[1]) if coef0 is None else np.array(coef0, dtype=float)
+    if X.shape[0] == 0:
+        return np.zeros(X.shape[1])
+    eye = ridge * np.eye(X.shape[1])
+    for _ in range(iterations):
+        p = sigmoid(X @ w)
+        grad = X.T @ (y - p) - ridge * w
+        hess = (X * (p * (1 - p))[:, None]).T @ X + eye
+        step = np.linalg.solve(hess, grad)
+        w = w + step
+        if np.max(np.abs(step)) < 1e-8 * (1 + np.max(np.abs(w))):
+            break
+    return w
+
+
+# --- scoring and best-of-N --------------------------------------------------------------------
+
+
+def expected_utility(game, model, strategies, episode: int = 0) -> np.ndarray:
+    """Exact expected payoff of each strategy against ``model``, Eq. (eq-sfp-eu).
+
+    ``sum_h p_h prod_{j<h} (1 - p_j) u_h``; cost ``O(N H)`` model evaluations.
+    """
+    offers = game.offers(strategies)
+    p = model.accept_probability(game, offers, episode)
+    survive = np.cumprod(np.concatenate([np.ones((p.shape[0], 1)), 1 - p[:, :-1]], axis=1),
+                         axis=1)
+    return (survive * p * game.utility(offers)).sum(axis=1)
+
+
+def simulated_utility(game, model, strategies, rollouts: int, rng: np.random.Generator,
+                      episode: int = 0) -> np.ndarray:
+    """Monte Carlo estimate of :func:`expected_utility` from ``rollouts`` simulated negotiations
+    per strategy against ``model``; cost ``O(N M H)`` model evaluations."""
+    rollouts = check_count(rollouts, "rollouts", 1)
+    offers = game.offers(strategies)
+    p = model.accept_probability(game, offers, episode)
+    u = game.utility(offers)
+    accepted = rng.random((p.shape[0], rollouts, p.shape[1])) < p[:, None, :]
+    first = np.where(accepted.any(axis=2), accepted.argmax(axis=2), -1)
+    payoff = np.where(first >= 0, np.take_along_axis(u, np.maximum(first, 0), axis=1), 0.0)
+    return payoff.mean(axis=1)
+
+
+def best_of_n(scores) -> int:
+    """Index of the best-scoring candidate (the first one on ties)."""
+    s = np.asarray(scores, dtype=float)
+    if s.ndim != 1 or s.size < 1:
+        raise ValueError("best_of_n needs a non-empty vector of scores")
+    return int(np.argmax(s))
+
+
+# --- the repeated game ------------------------------------------------------------------------
+
+
+@dataclass
+class RepeatedRun:
+    """One agent over ``episodes`` episodes against one opponent."""
+
+    method: str
+    n_candidates: int
+    utilities: np.ndarray
+    deals: np.ndarray
+    strategies: np.ndarray
+    model_queries: int
+    coefs: list = field(default_factory=list)
+
+    def last(self, episodes: int) -> float:
+        """Mean true utility over the last ``episodes`` episodes."""
+        return float(self.utilities[-episodes:].mean())
+
+
+def play_episode(game, opponent, strategy, uniforms, episode: int = 0):
+    """Play one negotiation against the true ``opponent``.
+
+    ``uniforms`` (``H`` numbers in ``[0, 1)``) decide acceptance: round ``h`` is accepted when
+    ``uniforms[h] < p_h``. Returns ``(utility, deal_round or -1, features seen, accepts seen)``.
+    """
+    offers = game.offers(np.asarray(strategy, dtype=float)[None])
+    p = opponent.accept_probability(game, offers, episode)[0]
+    accepted = np.asarray(uniforms) < p
+    deal = int(np.argmax(accepted)) if accepted.any() else -1
+    seen = game.rounds if deal < 0 else deal + 1
+    utility = 0.0 if deal < 0 else float(game.utility(offers)[0, deal])
+    feats = game.features(offers)[0, :seen]
+    return utility, deal, feats, accepted[:seen].astype(float)
+
+
+def candidate_pool(game, seed, episodes: int, pool_size: int = 64) -> np.ndarray:
+    """The proposal draws of one replicate: ``(episodes, pool_size, n_params)``.
+
+    Every agent with the same ``seed`` sees the same candidates; best-of-``N`` uses the first
+    ``N`` of each episode, so the candidate sets are nested in ``N``.
+    """
+    rng = np.random.default_rng([*np.atleast_1d(seed).tolist(), 0])
+    return game.sample_strategies(rng, (episodes, pool_size))
+
+
+def run_repeated(game, opponent, method: str, *, episodes: int, n_candidates: int = 16,
+                 seed=0, prior=None, scoring: str = "exact", rollouts: int = 8,
+                 ridge: float = 1e-3, pool_size: int = 64) -> RepeatedRun:
+    """Play ``episodes`` negotiations with one agent (Algorithm in the chapter).
+
+    ``method``: ``"base"`` plays the first proposal (no adaptation); ``"prior"`` best-of-``N``
+    scored against the fixed model ``prior``; ``"last"`` against a model fitted on the previous
+    episode only; ``"sfp"`` against a model fitted on every past episode (the time-averaged
+    belief); ``"oracle"`` against the true opponent. The same ``seed`` gives every method the
+    same candidates and the same acceptance coins (common random numbers).
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+    episodes = check_count(episodes, "episodes", 1)
+    n = check_count(n_candidates, "n_candidates (N)", 1)
+    pool_size = check_count(pool_size, "pool_size", 1)
+    if n > pool_size:
+        raise ValueError(f"n_candidates = {n} exceeds pool_size = {pool_size}")
+    if method == "prior" and prior is None:
+        raise ValueError("method 'prior' needs a prior opponent model")
+    rollouts = check_count(rollouts, "rollouts", 1)
+    if method == "base":
+        n = 1
+    base_seed = np.atleast_1d(seed).tolist()
+    pool = candidate_pool(game, seed, episodes, pool_size)
+    coins = np.random.default_rng([*base_seed, 1]).random((episodes, game.rounds))
+    mc_rng = np.random.default_rng([*base_seed, 2])
+    utilities, deals, chosen = np.zeros(episodes), np.full(episodes, -1), []
+    history_f, history_y, coefs = [], [], []
+    coef = np.zeros(game.features(game.offers(pool[0, :1])).shape[-1])
+    queries = 0
+    for t in range(episodes):
+        candidates = pool[t, :n]
+        if n == 1:
+            pick = 0
+        else:
+            if method == "prior":
+                model = prior
+            elif method == "oracle":
+                model = opponent
+            else:
+                if method == "last":
+                    f = history_f[-1] if history_f else np.zeros((0, coef.size))
+                    y = history_y[-1] if history_y else np.zeros(0)
+                    coef = fit_logistic(f, y, ridge)
+                else:
+                    f = np.concatenate(history_f) if history_f else np.zeros((0, coef.size))
+                    y = np.concatenate(history_y) if history_y else np.zeros(0)
+                    coef = fit_logistic(f, y, ridge, coef0=coef)
+                coefs.append(coef.copy())
+                model = LogisticModel(coef)
+            if scoring == "exact":
+                scores = expected_utility(game, model, candidates, t)
+                queries += n * game.rounds
+            else:
+                scores = simulated_utility(game, model, candidates, rollouts, mc_rng, t)
+                queries += n * rollouts * game.rounds
+            pick = best_of_n(scores)
+        strategy = candidates[pick]
+        utility, deal, f, y = play_episode(game, opponent, strategy, coins[t], t)
+        utilities[t], deals[t] = utility, deal
+        chosen.append(strategy)
+        history_f.append(f)
+        history_y.append(y)
+    return RepeatedRun(method, n, utilities, deals, np.array(chosen), queries, coefs)
+
+
+def bon_choice_probabilities(base, scores, n_candidates: int) -> np.ndarray:
+    """Exact distribution of the best-of-``N`` choice over a finite action set.
+
+    Actions are drawn i.i.d. from ``base``; the best-scoring draw is kept (scores must be
+    distinct). ``P(a) = F(a)^N - F(a^-)^N`` with ``F`` the CDF of ``base`` in score order.
+    """
+    p = np.asarray(base, dtype=float)
+    s = np.asarray(scores, dtype=float)
+    n = check_count(n_candidates, "n_candidates (N)", 1)
+    if p.ndim != 1 or s.shape != p.shape:
+        raise ValueError("base and scores must be vectors of one length")
+    if np.any(p < 0) or not np.isclose(p.sum(), 1.0):
+        raise ValueError("base must be a probability vector")
+    if np.unique(s).size != s.size:
+        raise ValueError("scores must be distinct")
+    order = np.argsort(s)
+    cdf = np.cumsum(p[order])
+    below = np.concatenate([[0.0], cdf[:-1]])
+    out = np.empty_like(p)
+    out[order] = np.clip(cdf, 0, 1) ** n - np.clip(below, 0, 1) ** n
+    return out

@@ -1,0 +1,648 @@
+"""Riemannian MeanFlow on the sphere S^2: flow maps, their identities, training and sampling.
+
+Chapter ``riemannian-meanflow`` of the book. The module has five parts.
+
+* **Geometry** of the unit sphere embedded in R^3 (or any R^D): :func:`expmap`, :func:`logmap`,
+  :func:`sq_dist`, :func:`geodesic` and the conditional velocity of the geodesic path
+  ({eq}`eq-rmf-geodesic-path`, {eq}`eq-rmf-cond-velocity`). Every function works in float32 and
+  float64, has finite forward-mode derivatives everywhere except at the cut locus (antipodal
+  points), and rejects points off the sphere with a ``ValueError``.
+* **Identities**: the Eulerian target {eq}`eq-rmf-eulerian` (two ``torch.func.jvp`` calls), the
+  semigroup residual {eq}`eq-rmf-semigroup`, and :class:`RotationFlow`, an analytic
+  non-autonomous rotation flow on which both hold exactly.
+* **Models**: :class:`FlowMapNet`, a small MLP with an average-velocity head or an endpoint
+  (x1-prediction) head ({eq}`eq-rmf-endpoint`), and its flow map {eq}`eq-rmf-flow-map-exp`.
+* **Training**: :func:`flow_matching_loss` (the RFM baseline), :func:`eulerian_loss` and
+  :func:`semigroup_loss` (RMF), and :func:`train`.
+* **Sampling and evaluation**: :func:`sample_flow_map` (RMF, n steps), :func:`sample_euler`
+  (RFM, exp-map Euler), :func:`sample_guided` (reward look-ahead or current-state guidance),
+  the targets :func:`spiral` and :func:`vmf_mixture`, and :func:`mmd`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.func import jvp
+
+from .core import check_count, check_positive
+
+# --- Geometry --------------------------------------------------------------------------------
+
+_ON_SPHERE_TOL = {torch.float32: 1e-4, torch.float64: 1e-9}
+_SMALL_SQ = {torch.float32: 1e-8, torch.float64: 1e-16}  # squared norms below: Taylor branch
+
+
+def _float_dtype(x: Tensor, name: str) -> torch.dtype:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _ON_SPHERE_TOL:
+        raise TypeError(f"{name} must be float32 or float64, got {x.dtype}")
+    return x.dtype
+
+
+def check_on_sphere(x: Tensor, name: str = "x") -> Tensor:
+    """Return ``x`` if every row (last axis) is a finite unit vector, else raise ``ValueError``."""
+    dtype = _float_dtype(x, name)
+    if x.ndim < 1 or x.shape[-1] < 2:
+        raise ValueError(f"{name} must have points along its last axis (D >= 2), got {tuple(x.shape)}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    err = (x.norm(dim=-1) - 1).abs().max()
+    if float(err) > _ON_SPHERE_TOL[dtype]:
+        raise ValueError(f"{name} is off the unit sphere (largest | |x| - 1 | = {float(err):.3g})")
+    return x
+
+
+def check_tangent(x: Tensor, u: Tensor, name: str = "u") -> Tensor:
+    """Return ``u`` if it lies in the tangent spaces T_x S (``<x, u> = 0``), else ``ValueError``."""
+    _float_dtype(u, name)
+    if u.shape != x.shape:
+        raise ValueError(f"{name} must have the shape of the base points {tuple(x.shape)}, "
+                         f"got {tuple(u.shape)}")
+    if not bool(torch.isfinite(u).all()):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    inner = (x * u).sum(-1).abs()
+    bound = _ON_SPHERE_TOL[u.dtype] * (1 + u.norm(dim=-1))
+    if bool((inner > bound).any()):
+        raise ValueError(f"{name} is not tangent at x (largest |<x, u>| = {float(inner.max()):.3g})")
+    return u
+
+
+def projx(x: Tensor) -> Tensor:
+    """Radial projection of ambient points onto the sphere."""
+    return x / x.norm(dim=-1, keepdim=True)
+
+
+def proju(x: Tensor, u: Tensor) -> Tensor:
+    """Orthogonal projection of ambient vectors ``u`` onto the tangent spaces T_x S."""
+    return u - (x * u).sum(-1, keepdim=True) * x
+
+
+def expmap(x: Tensor, u: Tensor) -> Tensor:
+    """Exponential map exp_x(u) = cos|u| x + sin|u| u/|u| ({eq}`eq-rmf-exp-log`).
+
+    ``u = 0`` returns ``x`` (a Taylor branch keeps every derivative finite there). ``x`` must lie
+    on the sphere and ``u`` in T_x S; the result is re-normalised against rounding drift.
+    """
+    check_on_sphere(x)
+    check_tangent(x, u)
+    n2 = (u * u).sum(-1, keepdim=True)
+    small = n2 < _SMALL_SQ[u.dtype]
+    n = torch.sqrt(torch.where(small, torch.ones_like(n2), n2))
+    cos_n = torch.where(small, 1 - n2 / 2, torch.cos(n))
+    sinc = torch.where(small, 1 - n2 / 6, torch.sin(n) / n)
+    return projx(cos_n * x + sinc * u)
+
+
+def logmap(x: Tensor, y: Tensor, *, at_cut: str = "raise") -> Tensor:
+    """Logarithm map log_x(y) = d(x, y) (y - <x,y> x)/|y - <x,y> x| ({eq}`eq-rmf-exp-log`).
+
+    Computed as ``atan2(r, c) / r * w`` with ``w = y - c x``, ``c = <x, y>``, ``r = |w|``, which is
+    accurate at every distance, with a Taylor branch near ``y = x`` so that forward-mode
+    derivatives stay finite (``D_x log_x(y)[v] = -v`` at ``y = x``). At the cut locus
+    (``y = -x``) the logarithm is not unique: ``at_cut="raise"`` raises ``ValueError``,
+    ``at_cut="zero"`` returns the zero vector there (used inside network heads, where an exact
+    antipode has probability zero but must never produce NaN).
+    """
+    if at_cut not in ("raise", "zero"):
+        raise ValueError(f"at_cut must be 'raise' or 'zero', got {at_cut!r}")
+    check_on_sphere(x)
+    check_on_sphere(y, "y")
+    if x.shape != y.shape:
+        raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)}, {tuple(y.shape)}")
+    eps = _SMALL_SQ[x.dtype]
+    c = (x * y).sum(-1, keepdim=True).clamp(-1, 1)
+    w = y - c * x
+    r2 = (w * w).sum(-1, keepdim=True)
+    small = r2 < eps
+    antipodal = small & (c < 0)
+    if at_cut == "raise" and bool(antipodal.any()):
+        raise ValueError("y is antipodal to x (the cut locus): log_x(y) is not unique")
+    r = torch.sqrt(torch.where(small, torch.ones_like(r2), r2))
+    c_safe = torch.where(small & (c > 0), c, torch.ones_like(c))
+    factor = torch.where(small, 1 / c_safe - r2 / (3 * c_safe**3), torch.atan2(r, c) / r)
+    return torch.where(antipodal, torch.zeros_like(w), factor * w)
+
+
+def sq_dist(x: Tensor, y: Tensor) -> Tensor:
+    """Squared geodesic distance d(x, y)^2 = (2 asin(|x - y|/2))^2, smooth at ``x = y``."""
+    check_on_sphere(x)
+    check_on_sphere(y, "y")
+    c2 = ((x - y) ** 2).sum(-1)
+    small = c2 < _SMALL_SQ[x.dtype]
+    c = torch.sqrt(torch.where(small, torch.ones_like(c2), c2))
+    half = torch.clamp(c / 2, max=1.0)
+    return torch.where(small, c2 + c2**2 / 12, (2 * torch.asin(half)) ** 2)
+
+
+def dist(x: Tensor, y: Tensor) -> Tensor:
+    """Geodesic distance on the sphere (the arc length), in [0, pi]."""
+    return torch.sqrt(sq_dist(x, y))
+
+
+def _check_times(t: Tensor, s: Tensor | None = None) -> None:
+    for value, name in ((t, "t"), (s, "s")):
+        if value is None:
+            continue
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{name} contains NaN or infinite values")
+        if bool(((value < 0) | (value > 1)).any()):
+            raise ValueError(f"times must lie in [0, 1], got {name} in "
+                             f"[{float(value.min()):.3g}, {float(value.max()):.3g}]")
+    if s is not None and bool((s < t).any()):
+        raise ValueError("the flow map X_{t,s} needs s >= t (forward in time)")
+
+
+def _time(value, like: Tensor, name: str) -> Tensor:
+    """Broadcast a scalar or a per-row time to a column ``(..., 1)`` matching ``like``."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = torch.full(like.shape[:-1], float(value), dtype=like.dtype)
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")
+    value = value.to(like.dtype)
+    if value.shape != like.shape[:-1]:
+        value = value.expand(like.shape[:-1])
+    return value
+
+
+def geodesic(x0: Tensor, x1: Tensor, t) -> Tensor:
+    """The geodesic interpolant x_t = exp_{x0}(t log_{x0} x1) ({eq}`eq-rmf-geodesic-path`)."""
+    t = _time(t, x0, "t")
+    _check_times(t)
+    return expmap(x0, t[..., None] * logmap(x0, x1))
+
+
+def conditional_velocity(xt: Tensor, x1: Tensor, t) -> Tensor:
+    """Velocity of the geodesic path at x_t: log_{x_t}(x1)/(1 - t) ({eq}`eq-rmf-cond-velocity`).
+
+    Requires ``t < 1`` (the path reaches x1 at t = 1, where the ratio is 0/0).
+    """
+    t = _time(t, xt, "t")
+    _check_times(t)
+    if bool((t >= 1).any()):
+        raise ValueError("the conditional velocity needs t < 1")
+    return logmap(xt, x1) / (1 - t[..., None])
+
+
+def _uniform_sphere(n: int, dim: int, generator: torch.Generator, dtype) -> Tensor:
+    return projx(torch.randn(n, dim, generator=generator, dtype=dtype))
+
+
+def uniform_sphere(n: int, dim: int = 3, *, seed: int = 0, dtype=torch.float64) -> Tensor:
+    """``n`` points uniform on S^{dim-1} (normalised Gaussians): the prior p_0."""
+    n, dim = check_count(n, "n", 1), check_count(dim, "dim", 2)
+    generator = torch.Generator().manual_seed(check_count(seed, "seed"))
+    return _uniform_sphere(n, dim, generator, dtype)
+
+
+# --- Identities on an analytic flow ----------------------------------------------------------
+
+
+def _skew(axis: Tensor) -> Tensor:
+    a, b, c = axis.unbind()
+    zero = torch.zeros((), dtype=axis.dtype)
+    return torch.stack([torch.stack([zero, -c, b]), torch.stack([c, zero, -a]),
+                        torch.stack([-b, a, zero])])
+
+
+@dataclass
+class RotationFlow:
+    """The non-autonomous rotation field v_t(x) = (1 + t^2) Omega x on S^2 ({eq}`eq-rmf-rotation`).
+
+    ``Omega`` is the skew matrix of ``axis`` (its norm is the angular speed at t = 0). The flow map
+    is the rotation X_{t,s} = exp((F(s) - F(t)) Omega), F(t) = t + t^3/3, in closed form
+    (Rodrigues' formula), so every identity of the chapter can be checked on it exactly.
+    """
+
+    axis: Tensor = field(default_factory=lambda: torch.tensor([0.3, -0.5, 0.8], dtype=torch.float64))
+
+    def __post_init__(self):
+        if not isinstance(self.axis, Tensor) or self.axis.shape != (3,):
+            raise ValueError("axis must be a tensor of shape (3,)")
+        self.omega = _skew(self.axis)
+
+    @staticmethod
+    def F(t: Tensor) -> Tensor:
+        return t + t**3 / 3
+
+    def velocity(self, x: Tensor, t: Tensor) -> Tensor:
+        t = _time(t, x, "t")
+        return (1 + t[..., None] ** 2) * (x @ self.omega.T.to(x.dtype))
+
+    def rotation(self, angle: Tensor) -> Tensor:
+        """exp(angle * Omega) for a batch of angles, by Rodrigues' formula; shape (..., 3, 3)."""
+        omega = self.omega.to(angle.dtype)
+        speed = self.axis.to(angle.dtype).norm()
+        k = omega / speed
+        theta = (angle * speed)[..., None, None]
+        eye = torch.eye(3, dtype=angle.dtype)
+        return eye + torch.sin(theta) * k + (1 - torch.cos(theta)) * (k @ k)
+
+    def flow(self, x: Tensor, t, s) -> Tensor:
+        """X_{t,s}(x), exact."""
+        t, s = _time(t, x, "t"), _time(s, x, "s")
+        rot = self.rotation(self.F(s) - self.F(t))
+        return (rot @ x[..., None])[..., 0]
+
+    def average_velocity(self, x: Tensor, t, s) -> Tensor:
+        """u_{t,s}(x) = log_x(X_{t,s}(x))/(s - t) ({eq}`eq-rmf-average-velocity`), for s > t."""
+        t, s = _time(t, x, "t"), _time(s, x, "s")
+        return logmap(x, self.flow(x, t, s)) / (s - t)[..., None]
+
+
+def flow_map_from_velocity(u_fn: Callable, x: Tensor, t, s) -> Tensor:
+    """X_{t,s}(x) = exp_x((s - t) u_{t,s}(x)) ({eq}`eq-rmf-flow-map-exp`)."""
+    t, s = _time(t, x, "t"), _time(s, x, "s")
+    return expmap(x, (s - t)[..., None] * u_fn(x, t, s))
+
+
+def eulerian_target(u_fn: Callable, x: Tensor, t: Tensor, s: Tensor, v: Tensor):
+    """The right side of the Riemannian MeanFlow identity {eq}`eq-rmf-eulerian`.
+
+    Returns ``(u, target)`` with ``u = u_{t,s}(x)`` and
+    ``target = (s - t) P_x[d/dt u_{t,s}(x_t)] - P_x[D_x log_x(y)[v]]`` at ``y = X_{t,s}(x)`` held
+    fixed. The total derivative ``d/dt u = D_x u[v] + d_t u`` is one forward-mode JVP with
+    tangent ``(v, 1)`` in ``(x, t)``; the second JVP differentiates the logarithm in its base point.
+    The identity holds (``u == target``) exactly when ``u`` is the average velocity of the flow
+    of ``v``; with the conditional velocity it is the regression target of the Eulerian loss.
+    """
+    t, s = _time(t, x, "t"), _time(s, x, "s")
+    _check_times(t, s)
+
+    def u_of(x_, t_):
+        return u_fn(x_, t_, s)
+
+    u, du_dt = jvp(u_of, (x, t), (v, torch.ones_like(t)))
+    du_dt = proju(x, du_dt)
+    y = expmap(x, (s - t)[..., None] * u).detach()
+    _, dlog = jvp(lambda x_: logmap(x_, y, at_cut="zero"), (x,), (v,))
+    dlog = proju(x, dlog)
+    return u, (s - t)[..., None] * du_dt - dlog
+
+
+def semigroup_residual(u_fn: Callable, x: Tensor, t, s, r) -> Tensor:
+    """d(X_{t,r}(x), X_{s,r}(X_{t,s}(x))) for t <= s <= r ({eq}`eq-rmf-semigroup`), per point."""
+    t, s, r = _time(t, x, "t"), _time(s, x, "s"), _time(r, x, "r")
+    _check_times(t, s)
+    _check_times(s, r)
+    direct = flow_map_from_velocity(u_fn, x, t, r)
+    two_hops = flow_map_from_velocity(u_fn, flow_map_from_velocity(u_fn, x, t, s), s, r)
+    return dist(direct, two_hops)
+
+
+def dlog_closed_form(x: Tensor, y: Tensor, v: Tensor) -> Tensor:
+    """-D_x log_x(y)[v] on the unit sphere: v_par + theta cot(theta) v_perp ({eq}`eq-rmf-jacobi`).
+
+    ``v_par`` is the component of ``v`` along the geodesic from x to y, ``v_perp`` the rest of it,
+    and theta = d(x, y). Used to check the JVP of :func:`logmap` against geometry.
+    """
+    log = logmap(x, y)
+    theta = log.norm(dim=-1, keepdim=True)
+    e = log / theta.clamp_min(1e-300)
+    v_par = (v * e).sum(-1, keepdim=True) * e
+    cot = torch.where(theta < 1e-8, torch.ones_like(theta),
+                      theta * torch.cos(theta) / torch.sin(theta).clamp_min(1e-300))
+    return v_par + cot * (v - v_par)
+
+
+# --- Targets and the metric ------------------------------------------------------------------
+
+
+def spiral(n: int, *, turns: float = 3.0, noise: float = 0.05, seed: int = 0,
+           dtype=torch.float64) -> Tensor:
+    """A noisy spiral on S^2 from near the north pole to near the south pole.
+
+    Draw tau ~ U(0, 1), polar angle pi (0.1 + 0.8 tau), azimuth 2 pi turns tau, then move the
+    point by exp_x of an isotropic tangent Gaussian with standard deviation ``noise``.
+    """
+    n = check_count(n, "n", 1)
+    check_positive(turns, "turns")
+    if isinstance(noise, bool) or not isinstance(noise, numbers.Real) or noise < 0:
+        raise ValueError(f"noise must be a non-negative number, got {noise!r}")
+    generator = torch.Generator().manual_seed(check_count(seed, "seed"))
+    tau = torch.rand(n, generator=generator, dtype=torch.float64)
+    polar = math.pi * (0.1 + 0.8 * tau)
+    azimuth = 2 * math.pi * turns * tau
+    x = torch.stack([torch.sin(polar) * torch.cos(azimuth), torch.sin(polar) * torch.sin(azimuth),
+                     torch.cos(polar)], -1)
+    eps = proju(x, noise * torch.randn(n, 3, generator=generator, dtype=torch.float64))
+    return expmap(x, eps).to(dtype)
+
+
+def spiral_point(tau: float, turns: float = 3.0) -> Tensor:
+    """The noise-free spiral point at parameter ``tau`` in [0, 1] (float64, shape (3,))."""
+    polar, azimuth = math.pi * (0.1 + 0.8 * tau), 2 * math.pi * turns * tau
+    return torch.tensor([math.sin(polar) * math.cos(azimuth), math.sin(polar) * math.sin(azimuth),
+                         math.cos(polar)], dtype=torch.float64)
+
+
+def sample_vmf(mu: Tensor, kappa: float, n: int, generator: torch.Generator) -> Tensor:
+    """``n`` draws from the von Mises-Fisher distribution on S^2 with mean ``mu``, concentration kappa.
+
+    Exact inversion for S^2: w = <x, mu> = 1 + log(U + (1 - U) e^{-2 kappa})/kappa, with a
+    uniform direction in T_mu S^2.
+    """
+    kappa = check_positive(kappa, "kappa")
+    n = check_count(n, "n", 1)
+    mu = check_on_sphere(mu.to(torch.float64), "mu")
+    if mu.shape != (3,):
+        raise ValueError("sample_vmf is written for S^2: mu must have shape (3,)")
+    uniform = torch.rand(n, generator=generator, dtype=torch.float64)
+    w = 1 + torch.log(uniform + (1 - uniform) * math.exp(-2 * kappa)) / kappa
+    w = w.clamp(-1, 1)
+    direction = proju(mu.expand(n, 3), torch.randn(n, 3, generator=generator, dtype=torch.float64))
+    direction = direction / direction.norm(dim=-1, keepdim=True)
+    return projx(w[:, None] * mu + torch.sqrt(1 - w[:, None] ** 2) * direction)
+
+
+VMF_MEANS = projx(torch.tensor([[1.0, 0.2, 0.4], [-0.6, 0.8, 0.1], [0.1, -0.7, 0.7],
+                                [-0.3, -0.2, -0.9], [0.7, -0.6, -0.4]], dtype=torch.float64))
+"""The five fixed component means of :func:`vmf_mixture`."""
+
+
+def vmf_mixture(n: int, *, kappa: float = 40.0, seed: int = 0, dtype=torch.float64) -> Tensor:
+    """``n`` draws from an equal-weight mixture of five von Mises-Fisher components on S^2."""
+    n = check_count(n, "n", 1)
+    generator = torch.Generator().manual_seed(check_count(seed, "seed"))
+    labels = torch.randint(0, len(VMF_MEANS), (n,), generator=generator)
+    out = torch.empty(n, 3, dtype=torch.float64)
+    for k, mu in enumerate(VMF_MEANS):
+        idx = (labels == k).nonzero().flatten()
+        if len(idx):
+            out[idx] = sample_vmf(mu, kappa, len(idx), generator)
+    return out.to(dtype)
+
+
+TARGETS = {"spiral": spiral, "vmf": vmf_mixture}
+"""The chapter's two data distributions on S^2, by name."""
+
+
+def vmf_kernel(x: Tensor, y: Tensor, h: float = 0.2) -> Tensor:
+    """k(x, y) = exp((<x, y> - 1)/h^2) = exp(-(2 sin(d/2))^2/(2 h^2)) ({eq}`eq-rmf-mmd`).
+
+    A function of the geodesic distance d, equal to the Gaussian exp(-d^2/(2h^2)) up to O(d^4),
+    and positive definite on every sphere (it is the Gaussian kernel of the chord).
+    """
+    h = check_positive(h, "h")
+    return torch.exp((x @ y.T - 1) / h**2)
+
+
+def mmd(x: Tensor, y: Tensor, h: float = 0.2) -> float:
+    """Biased (V-statistic) MMD between samples on the sphere under :func:`vmf_kernel`."""
+    check_on_sphere(x)
+    check_on_sphere(y, "y")
+    x, y = x.to(torch.float64), y.to(torch.float64)
+    value = (vmf_kernel(x, x, h).mean() + vmf_kernel(y, y, h).mean()
+             - 2 * vmf_kernel(x, y, h).mean())
+    return float(torch.sqrt(value.clamp_min(0)))
+
+
+# --- Models ----------------------------------------------------------------------------------
+
+
+class FlowMapNet(nn.Module):
+    """A small MLP that represents the average velocity u_{t,s}(x) on S^2.
+
+    Inputs are ``[x, t, s - t]`` plus sines and cosines of ``t`` and ``s - t``.
+
+    * ``head="velocity"``: the output is projected onto T_x S and its norm ``r`` is mapped to
+      ``m tanh(r/m)`` with ``m = max_norm`` (default pi - 0.1), so that a step
+      ``(s - t) u`` never reaches the cut locus; below ``m`` this is a smooth bijection of norms.
+    * ``head="endpoint"``: the output, normalised, is a predicted endpoint x1_hat, and
+      ``u = log_x(x1_hat)/(1 - t)`` ({eq}`eq-rmf-endpoint`), with ``1 - t`` clipped at 1e-3.
+    """
+
+    def __init__(self, hidden: int = 128, depth: int = 3, head: str = "velocity",
+                 dim: int = 3, max_norm: float = math.pi - 0.1, frequencies: int = 3):
+        super().__init__()
+        if head not in ("velocity", "endpoint"):
+            raise ValueError(f"head must be 'velocity' or 'endpoint', got {head!r}")
+        hidden, depth = check_count(hidden, "hidden", 1), check_count(depth, "depth", 1)
+        self.head, self.dim = head, check_count(dim, "dim", 2)
+        self.max_norm = check_positive(max_norm, "max_norm")
+        self.register_buffer("freqs", math.pi * torch.arange(1, frequencies + 1).float())
+        width_in = dim + 2 + 4 * frequencies
+        layers: list[nn.Module] = []
+        for i in range(depth):
+            layers += [nn.Linear(width_in if i == 0 else hidden, hidden), nn.SiLU()]
+        layers.append(nn.Linear(hidden, dim))
+        self.net = nn.Sequential(*layers)
+
+    def features(self, x: Tensor, t: Tensor, s: Tensor) -> Tensor:
+        gap = s - t
+        angles = torch.cat([t[:, None] * self.freqs.to(x.dtype), gap[:, None] * self.freqs.to(x.dtype)], -1)
+        return torch.cat([x, t[:, None], gap[:, None], torch.sin(angles), torch.cos(angles)], -1)
+
+    def average_velocity(self, x: Tensor, t, s) -> Tensor:
+        """u_{t,s}(x) in T_x S (Eq. {eq}`eq-rmf-average-velocity` / {eq}`eq-rmf-endpoint`)."""
+        t, s = _time(t, x, "t"), _time(s, x, "s")
+        out = self.net(self.features(x, t, s))
+        if self.head == "endpoint":
+            x1_hat = projx(out)
+            return logmap(x, x1_hat, at_cut="zero") / (1 - t).clamp_min(1e-3)[:, None]
+        u = proju(x, out)
+        r2 = (u * u).sum(-1, keepdim=True)
+        r = torch.sqrt(r2 + 1e-12)
+        m = self.max_norm
+        return u * (m * torch.tanh(r / m) / r)
+
+    def velocity(self, x: Tensor, t) -> Tensor:
+        """The instantaneous velocity v_t(x) = u_{t,t}(x)."""
+        return self.average_velocity(x, t, t)
+
+    def flow_map(self, x: Tensor, t, s) -> Tensor:
+        """X_{t,s}(x) = exp_x((s - t) u_{t,s}(x)) ({eq}`eq-rmf-flow-map-exp`)."""
+        t, s = _time(t, x, "t"), _time(s, x, "s")
+        _check_times(t, s)
+        return flow_map_from_velocity(self.average_velocity, x, t, s)
+
+
+# --- Training --------------------------------------------------------------------------------
+
+
+def _down_weight(t: Tensor, t_clip: float = 0.1) -> Tensor:
+    """((1 - t)/t_clip)^2 for t > 1 - t_clip, else 1: tames the 1/(1 - t) of the path velocity."""
+    return torch.where(t > 1 - t_clip, ((1 - t) / t_clip) ** 2, torch.ones_like(t))
+
+
+@dataclass
+class Batch:
+    """One training batch: the path point x_t, its conditional velocity, and the times."""
+
+    x0: Tensor
+    x1: Tensor
+    xt: Tensor
+    v: Tensor
+    t: Tensor
+    s: Tensor
+    r: Tensor
+
+
+def make_batch(x1: Tensor, generator: torch.Generator, *, boundary_ratio: float = 0.75,
+               dtype=torch.float32) -> Batch:
+    """Pair data with prior draws and sample times (path computed in float64, then cast).
+
+    ``t <= s <= r`` are three sorted uniforms; a fraction ``boundary_ratio`` of rows gets
+    ``s = t`` (as in MeanFlow). ``t`` is capped at 0.999 (the path velocity has 1/(1 - t)).
+    """
+    if not 0 <= boundary_ratio <= 1:
+        raise ValueError(f"boundary_ratio must lie in [0, 1], got {boundary_ratio}")
+    n = x1.shape[0]
+    x1 = x1.to(torch.float64)
+    x0 = _uniform_sphere(n, x1.shape[1], generator, torch.float64)
+    # redraw the (probability ~1e-16) prior points that fall on the cut locus of their data point
+    bad = (x0 * x1).sum(-1) < -1 + 1e-12
+    x0[bad] = projx(x0[bad] + 0.1 * torch.randn(int(bad.sum()), x1.shape[1], generator=generator,
+                                                dtype=torch.float64))
+    times = torch.sort(torch.rand(n, 3, generator=generator, dtype=torch.float64), -1).values
+    times = times.clamp(max=0.999)
+    t, s, r = times.unbind(-1)
+    boundary = torch.rand(n, generator=generator, dtype=torch.float64) < boundary_ratio
+    s = torch.where(boundary, t, s)
+    xt = geodesic(x0, x1, t)
+    v = conditional_velocity(xt, x1, t)
+    cast = [z.to(dtype) for z in (x0, x1, xt, v, t, s, r)]
+    cast[2] = projx(cast[2])
+    cast[3] = proju(cast[2], cast[3])
+    return Batch(*cast)
+
+
+def flow_matching_loss(model: FlowMapNet, batch: Batch) -> Tensor:
+    """Riemannian flow matching ({eq}`eq-rmf-rfm-loss`): |u_{t,t}(x_t) - v_t(x_t | x1)|^2."""
+    err = model.velocity(batch.xt, batch.t) - batch.v
+    return (_down_weight(batch.t) * (err**2).sum(-1)).mean()
+
+
+def eulerian_loss(model: FlowMapNet, batch: Batch) -> Tensor:
+    """RMF Eulerian loss ({eq}`eq-rmf-eulerian-loss`): |u - sg(target)|^2 with the conditional v."""
+    u, target = eulerian_target(model.average_velocity, batch.xt, batch.t, batch.s, batch.v)
+    err = u - target.detach()
+    return (_down_weight(batch.t) * (err**2).sum(-1)).mean()
+
+
+def semigroup_loss(model: FlowMapNet, batch: Batch) -> Tensor:
+    """RMF semigroup loss ({eq}`eq-rmf-semigroup-loss`): flow matching plus
+    d(X_{t,r}(x_t), sg[X_{s,r}(X_{t,s}(x_t))])^2, both down-weighted near t = 1. JVP-free."""
+    with torch.no_grad():
+        two_hops = model.flow_map(model.flow_map(batch.xt, batch.t, batch.s), batch.s, batch.r)
+    direct = model.flow_map(batch.xt, batch.t, batch.r)
+    w = _down_weight(batch.t)
+    return (w * sq_dist(direct, two_hops)).mean() + flow_matching_loss(model, batch)
+
+
+LOSSES = {"rfm": flow_matching_loss, "eulerian": eulerian_loss, "semigroup": semigroup_loss}
+"""Training objectives by name: the RFM baseline and the two RMF losses."""
+
+
+@dataclass
+class TrainResult:
+    """A trained model with its loss curve and the wall-clock seconds per step."""
+
+    model: FlowMapNet
+    losses: np.ndarray
+    seconds_per_step: float
+
+
+def train(data: Tensor, loss: str, *, steps: int = 2000, batch_size: int = 256, lr: float = 2e-3,
+          seed: int = 0, head: str = "velocity", hidden: int = 128, depth: int = 3,
+          boundary_ratio: float = 0.75) -> TrainResult:
+    """Train a :class:`FlowMapNet` on ``data`` (points on S^2) with ``loss`` (a key of LOSSES).
+
+    Adam with a cosine learning-rate decay; float32. The RFM baseline uses only ``s = t``.
+    """
+    import time
+
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+    check_on_sphere(data, "data")
+    steps, batch_size = check_count(steps, "steps", 1), check_count(batch_size, "batch_size", 1)
+    check_positive(lr, "lr")
+    torch.manual_seed(check_count(seed, "seed"))
+    generator = torch.Generator().manual_seed(seed + 7919)
+    model = FlowMapNet(hidden=hidden, depth=depth, head=head, dim=data.shape[1])
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+    objective = LOSSES[loss]
+    ratio = 1.0 if loss == "rfm" else boundary_ratio
+    losses = np.empty(steps)
+    start = time.perf_counter()
+    for step in range(steps):
+        idx = torch.randint(0, data.shape[0], (batch_size,), generator=generator)
+        batch = make_batch(data[idx], generator, boundary_ratio=ratio)
+        value = objective(model, batch)
+        optimizer.zero_grad()
+        value.backward()
+        optimizer.step()
+        schedule.step()
+        losses[step] = float(value)
+    seconds = (time.perf_counter() - start) / steps
+    if not np.all(np.isfinite(losses)):
+        raise FloatingPointError(f"training with {loss} produced a non-finite loss")
+    return TrainResult(model.eval(), losses, seconds)
+
+
+# --- Sampling --------------------------------------------------------------------------------
+
+
+def _grid(steps: int) -> list[float]:
+    steps = check_count(steps, "steps", 1)
+    return [k / steps for k in range(steps + 1)]
+
+
+@torch.no_grad()
+def sample_flow_map(model: FlowMapNet, x0: Tensor, steps: int) -> Tensor:
+    """RMF sampler: x <- X_{t_k, t_{k+1}}(x) on a uniform grid of ``steps`` intervals (NFE = steps)."""
+    check_on_sphere(x0, "x0")
+    grid = _grid(steps)
+    x = x0
+    for t, s in zip(grid[:-1], grid[1:], strict=True):
+        x = model.flow_map(x, t, s)
+    return x
+
+
+@torch.no_grad()
+def sample_euler(model: FlowMapNet, x0: Tensor, steps: int) -> Tensor:
+    """RFM sampler: exp-map Euler x <- exp_x(dt v_t(x)) with ``steps`` steps (NFE = steps)."""
+    check_on_sphere(x0, "x0")
+    grid = _grid(steps)
+    x = x0
+    for t, s in zip(grid[:-1], grid[1:], strict=True):
+        x = expmap(x, (s - t) * model.velocity(x, t))
+    return x
+
+
+def sample_guided(model: FlowMapNet, x0: Tensor, steps: int, reward: Callable[[Tensor], Tensor],
+                  scale: float, mode: str = "lookahead") -> Tensor:
+    """Reward-guided flow-map sampling ({eq}`eq-rmf-guidance`).
+
+    At each step t -> s: ``g = P_x grad_x R(X_{t,1}(x))`` (``mode="lookahead"``: the reward of the
+    one-jump prediction of the endpoint) or ``g = P_x grad R(x)`` (``mode="current"``), then
+    ``x <- exp_x((s - t)(u_{t,s}(x) + scale g))``. ``scale = 0`` or ``mode="none"`` is the
+    unguided sampler. Look-ahead costs one extra network evaluation and one backward pass per step.
+    """
+    if mode not in ("lookahead", "current", "none"):
+        raise ValueError(f"mode must be 'lookahead', 'current' or 'none', got {mode!r}")
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise TypeError(f"scale must be a finite number, got {scale!r}")
+    check_on_sphere(x0, "x0")
+    grid = _grid(steps)
+    x = x0.detach()
+    for t, s in zip(grid[:-1], grid[1:], strict=True):
+        if mode == "none" or scale == 0:
+            g = torch.zeros_like(x)
+        else:
+            xg = x.detach().requires_grad_(True)
+            point = model.flow_map(xg, t, 1.0) if mode == "lookahead" else xg
+            (grad,) = torch.autograd.grad(reward(point).sum(), xg)
+            g = proju(x, grad)
+        with torch.no_grad():
+            u = model.average_velocity(x, t, s)
+            x = expmap(x, (s - t) * (u + scale * g))
+    return x.detach()
