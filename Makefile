@@ -5,17 +5,20 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TIER ?= book
 SEED ?= 0
+# Chapters executed at once (empty: half the cores); `make book JOBS=4`.
+JOBS ?=
+JOBS_FLAG := $(if $(JOBS),--jobs $(JOBS))
 # Sleeping (not spinning) OpenMP threads: torch stays fast when the cores are shared.
 export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: book student-book test env lint lock clean
 
 book: $(STAMP)
-	$(BIN)/icml26 build --tier $(TIER) --seed $(SEED)
+	$(BIN)/icml26 build --tier $(TIER) --seed $(SEED) $(JOBS_FLAG)
 
 # The student edition: the same executed chapters with every exercise solution removed.
 student-book: $(STAMP)
-	$(BIN)/icml26 build --student --tier $(TIER) --seed $(SEED)
+	$(BIN)/icml26 build --student --tier $(TIER) --seed $(SEED) $(JOBS_FLAG)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -171,3 +171,9 @@ def test_cli_claims_without_a_build_says_so(tmp_path, capsys):
     assert cli.main(["claims", "--out-root", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "build the book first" in err
+
+
+def test_failing_cell_number_ignores_papermill_banners(tmp_path):
+    source = _myst(tmp_path / "nb.md", "raise ValueError('first code cell')")
+    with pytest.raises(pipeline.PipelineError, match="cell 3 of the source"):
+        pipeline.execute_notebook(source, tmp_path / "out.ipynb", "smoke", 0)

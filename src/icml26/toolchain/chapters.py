@@ -33,18 +33,6 @@ class Chapter:
         return match.group(1).strip() if match else self.slug
 
 
-@dataclass
-class RunRecord:
-    slug: str
-    tier: str
-    seed: int
-    seconds: float
-    claims: int
-    cached: bool
-    key: str
-    finished: str
-
-
 def chapters(root: Path = ROOT) -> list[Chapter]:
     """The chapters listed in ``_toc.yml``, in book order, with the part each belongs to."""
     toc = yaml.safe_load((root / "_toc.yml").read_text(encoding="utf-8"))

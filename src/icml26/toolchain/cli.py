@@ -3,6 +3,8 @@
     icml26 list                                # chapters, parts, tiers and last runtimes
     icml26 run mod-test --tier smoke --seed 3  # execute one chapter into an .ipynb
     icml26 build --tier book                   # what `make book` calls
+    icml26 build --jobs 4                      # four chapters at once (default: cores / 2)
+    icml26 build --dask tcp://host:8786        # one task per chapter on a Dask cluster
     icml26 build --student                     # the student edition (solutions removed)
     icml26 export --student [SLUG ...]         # lab notebooks with stubs for the exercises
     icml26 check mod-test my-notebook.ipynb    # grade a lab notebook, exercise by exercise
@@ -56,8 +58,10 @@ def _run(args: argparse.Namespace) -> None:
 
 def _build(args: argparse.Namespace) -> None:
     out_root = Path(args.out_root).resolve() if args.out_root else pipeline.ROOT
-    pipeline.build(_tier(args.tier), _seed(args.seed), out_root=out_root,
-                   use_cache=not args.no_cache, student=args.student,
+    tier, seed = _tier(args.tier), _seed(args.seed)
+    jobs = None if args.jobs is None else pipeline.validate_jobs(args.jobs)
+    pipeline.build(tier, seed, out_root=out_root, use_cache=not args.no_cache,
+                   student=args.student, jobs=jobs, dask=args.dask,
                    report=lambda line: print(line, flush=True))
 
 
@@ -101,6 +105,9 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--out-root", help="folder that receives _build/ (default: the repository)")
     build.add_argument("--student", action="store_true",
                        help="render the student edition (solutions removed) instead")
+    build.add_argument("--jobs", help="chapters executed at once (default: half the cores)")
+    build.add_argument("--dask", metavar="ADDRESS",
+                       help="execute on the Dask scheduler at ADDRESS (workers need a checkout)")
     export = commands.add_parser("export", help="write lab notebooks (student or instructor)")
     edition = export.add_mutually_exclusive_group(required=True)
     edition.add_argument("--student", action="store_true", help="solutions replaced by stubs")

@@ -21,17 +21,21 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
 from pathlib import Path
 
-import jupytext
 import nbformat
 import papermill
 import yaml
+from jupyter_client.manager import AsyncKernelManager
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from papermill.exceptions import PapermillExecutionError
+from traitlets.config import Config
 
 from icml26.core import check_tier
 from icml26.toolchain import ledger
@@ -41,7 +45,6 @@ from icml26.toolchain.chapters import (
     ROOT,
     Chapter,
     PipelineError,
-    RunRecord,
     chapters,
     find_chapter,
     read_source,
@@ -51,6 +54,21 @@ from icml26.toolchain.labs import export_notebook
 LOCK_FILE = ROOT / "requirements" / "lock.txt"
 PIPELINE_VERSION = "3"  # bump to invalidate every cached notebook
 STATUS_TABLE = "book/appendix/_status_table.md"  # written by the build, included by status.md
+
+
+@dataclass
+class RunRecord:
+    """One chapter's execution: when, how long, its checks per kind, and its error if it failed."""
+
+    slug: str
+    tier: str
+    seed: int
+    seconds: float
+    claims: dict[str, int]  # checks displayed, per kind (see icml26.claims)
+    cached: bool
+    key: str
+    finished: str
+    error: str | None = field(default=None)
 
 
 # --- Cache keys -----------------------------------------------------------------------------
@@ -126,19 +144,40 @@ def cache_key(chapter: Chapter, tier: str, seed: int) -> str:
 
 
 @contextlib.contextmanager
-def _offline_kernel_environment() -> Iterator[None]:
-    """Environment inherited by the kernel: the socket guard on PYTHONPATH, hubs offline, and
-    OpenMP threads that sleep instead of spinning while they wait."""
+def _offline_kernel_environment(threads: int | None = None) -> Iterator[None]:
+    """Environment inherited by the kernel: the socket guard on PYTHONPATH, hubs offline,
+    OpenMP threads that sleep instead of spinning while they wait, and the kernel's share of the
+    cores (``ICML26_THREADS``, read by ``icml26.core.configure_threads``)."""
     guard = str(Path(__file__).resolve().parent / "offline_guard")
     saved = dict(os.environ)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [guard, saved.get("PYTHONPATH")]))
     os.environ.update({"ICML26_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see icml26/__init__.py
+    if threads is not None:
+        os.environ["ICML26_THREADS"] = str(threads)
     try:
         yield
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+class PrivateKernelManager(AsyncKernelManager):
+    """Starts :mod:`icml26.toolchain.kernel` (ipykernel without its TCP pipe) instead of
+    ``ipykernel_launcher``; with the IPC transport the kernel opens no TCP port."""
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        command = super().format_kernel_cmd(extra_arguments)
+        return ["icml26.toolchain.kernel" if part == "ipykernel_launcher" else part
+                for part in command]
+
+
+def _ipc_config(socket_dir: str) -> Config:
+    """Kernel channels as Unix sockets in ``socket_dir`` (a fresh directory only we can enter)."""
+    config = Config()
+    config.KernelManager.transport = "ipc"
+    config.KernelManager.ip = str(Path(socket_dir) / "kernel")
+    return config
 
 
 def validate_parameters(tier: str, seed: object) -> int:
@@ -149,10 +188,14 @@ def validate_parameters(tier: str, seed: object) -> int:
     return seed
 
 
-def execute_notebook(source: Path, output: Path, tier: str, seed: int, label: str = "") -> float:
+def execute_notebook(
+    source: Path, output: Path, tier: str, seed: int, label: str = "", threads: int | None = None,
+) -> float:
     """Execute a MyST or ipynb notebook with papermill; return its wall-clock seconds.
 
-    A cell that raises becomes a :class:`PipelineError` naming the notebook and the cell.
+    The kernel talks over Unix sockets in a private directory (no TCP port) and gets ``threads``
+    threads when given. A cell that raises becomes a :class:`PipelineError` naming the notebook
+    and the cell.
     """
     notebook = read_source(source)
     if not any("parameters" in cell.metadata.get("tags", []) for cell in notebook.cells):
@@ -160,11 +203,12 @@ def execute_notebook(source: Path, output: Path, tier: str, seed: int, label: st
     output.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     try:
-        with _offline_kernel_environment():
+        with _offline_kernel_environment(threads), tempfile.TemporaryDirectory() as sockets:
             papermill.execute_notebook(
                 notebook, str(output), parameters={"TIER": tier, "SEED": seed},
                 kernel_name="python3", language="python", cwd=str(source.parent),
                 progress_bar=False, request_save_on_cell_execute=False,
+                kernel_manager_class=PrivateKernelManager, config=_ipc_config(sockets),
             )
     except PapermillExecutionError as error:
         first_line = next((ln for ln in error.source.splitlines() if ln.strip()), "")
@@ -189,10 +233,12 @@ def _record_input_path(executed: Path, source: Path) -> None:
 
 
 def _source_cell_number(executed: Path, cell_index: int) -> int:
-    """1-based number of a cell in the source, discounting the cell papermill injected."""
-    cells = nbformat.read(executed, as_version=4).cells
-    tags = [cell.metadata.get("tags", []) for cell in cells]
-    injected = [i for i, cell_tags in enumerate(tags) if "injected-parameters" in cell_tags]
+    """1-based number of a cell in the source, discounting the cells papermill added: the
+    injected parameters, and the error banners it writes after execution (which shift indices)."""
+    cells = [cell for cell in nbformat.read(executed, as_version=4).cells
+             if "papermill-error-cell-tag" not in cell.metadata.get("tags", [])]
+    injected = [i for i, cell in enumerate(cells)
+                if "injected-parameters" in cell.metadata.get("tags", [])]
     return cell_index + 1 - sum(i < cell_index for i in injected)
 
 
@@ -205,32 +251,68 @@ def cache_dir(out_root: Path = ROOT) -> Path:
     return out_root / "_build" / "cache"
 
 
-def run_chapter(
-    chapter: Chapter, tier: str, seed: int, output: Path, *, use_cache: bool = True,
-    cache: Path | None = None,
-) -> RunRecord:
-    """Execute ``chapter`` into ``output`` (an ``.ipynb``), reusing a cached run when valid."""
-    seed = validate_parameters(tier, seed)
+def _cached_notebook(chapter: Chapter, tier: str, key: str, cache: Path) -> Path:
+    return cache / f"{chapter.slug}-{tier}-{key[:20]}.ipynb"
+
+
+def cached_run(chapter: Chapter, tier: str, seed: int, output: Path,
+               cache: Path) -> RunRecord | None:
+    """Copy a valid cached run of ``chapter`` to ``output`` and return its record, or None."""
     key = cache_key(chapter, tier, seed)
-    cache = cache or cache_dir()
-    cached_notebook = cache / f"{chapter.slug}-{tier}-{key[:20]}.ipynb"
-    cached_record = cached_notebook.with_suffix(".json")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    if use_cache and cached_notebook.exists() and cached_record.exists():
-        _copy_if_changed(cached_notebook, output)
-        record = RunRecord(**json.loads(cached_record.read_text()))
-        record.cached = True
-        return record
-    seconds = execute_notebook(chapter.source, output, tier, seed, label=f"chapter {chapter.slug}")
+    notebook = _cached_notebook(chapter, tier, key, cache)
+    record_file = notebook.with_suffix(".json")
+    if not (notebook.exists() and record_file.exists()):
+        return None
+    _copy_if_changed(notebook, output)
+    record = RunRecord(**json.loads(record_file.read_text()))
+    record.cached = True
+    return record
+
+
+def store_run(chapter: Chapter, tier: str, seed: int, output: Path, seconds: float,
+              cache: Path) -> RunRecord:
+    """Record a fresh execution in ``output`` and keep a copy in the cache."""
+    key = cache_key(chapter, tier, seed)
     finished = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     record = RunRecord(chapter.slug, tier, seed, round(seconds, 2), count_claims(output), False,
                        key, finished)
     cache.mkdir(parents=True, exist_ok=True)
     for stale in cache.glob(f"{chapter.slug}-{tier}-*"):
         stale.unlink()
-    shutil.copyfile(output, cached_notebook)
-    cached_record.write_text(json.dumps(asdict(record), indent=1))
+    cached = _cached_notebook(chapter, tier, key, cache)
+    shutil.copyfile(output, cached)
+    cached.with_suffix(".json").write_text(json.dumps(asdict(record), indent=1))
     return record
+
+
+def run_chapter(
+    chapter: Chapter, tier: str, seed: int, output: Path, *, use_cache: bool = True,
+    cache: Path | None = None,
+) -> RunRecord:
+    """Execute ``chapter`` into ``output`` (an ``.ipynb``), reusing a cached run when valid."""
+    seed = validate_parameters(tier, seed)
+    cache = cache or cache_dir()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if use_cache and (record := cached_run(chapter, tier, seed, output, cache)):
+        return record
+    seconds = execute_notebook(chapter.source, output, tier, seed, label=f"chapter {chapter.slug}")
+    return store_run(chapter, tier, seed, output, seconds, cache)
+
+
+def execute_chapter_task(slug: str, tier: str, seed: int, threads: int | None = None,
+                         root: str | None = None) -> tuple[float, bytes]:
+    """Execute one chapter of the book at ``root`` (default: this checkout); return its seconds
+    and the executed notebook.
+
+    This is what a worker runs, in a process pool or on a Dask worker with its own checkout and
+    the same environment; the caller keeps the cache and the staged book.
+    """
+    chapter = find_chapter(slug, Path(root) if root else ROOT)
+    with tempfile.TemporaryDirectory() as folder:
+        output = Path(folder) / f"{slug}.ipynb"
+        seconds = execute_notebook(chapter.source, output, tier, seed,
+                                   label=f"chapter {slug}", threads=threads)
+        return seconds, output.read_bytes()
 
 
 # --- Run history ----------------------------------------------------------------------------
@@ -262,10 +344,13 @@ def _claims_summary(claims: dict[str, int]) -> str:
 def summary_table(records: list[RunRecord], chapter_list: list[Chapter]) -> str:
     """A Markdown table: chapter, part, tier, seed, seconds, checks per kind, cache use."""
     parts = {c.slug: c.part for c in chapter_list}
-    rows = ["| chapter | part | tier | seed | seconds | paper / finding / verification | executed |",
+    rows = ["| chapter | part | tier | seed | seconds | paper / finding / verification "
+            "| executed |",
             "|---|---|---|---|---|---|---|"]
     for r in records:
         when = f"{r.finished[:10]} (cached)" if r.cached else r.finished[:10]
+        if r.error:
+            when = "FAILED: " + r.error.replace("|", "\\|").replace("\n", " ")
         rows.append(f"| [{r.slug}](../chapters/{r.slug}) | {parts.get(r.slug, '')} | {r.tier} | "
                     f"{r.seed} | {r.seconds:.1f} | {_claims_summary(r.claims)} | {when} |")
     return "\n".join(rows) + "\n"
@@ -335,43 +420,181 @@ def _make_student_edition(stage: Path, selected: list[Chapter]) -> None:
     _write_if_changed(stage / "_config.yml", yaml.safe_dump(config, sort_keys=False))
 
 
+def default_jobs() -> int:
+    """Chapters executed at once by default: one per two cores, so each kernel gets two."""
+    return max(1, (os.cpu_count() or 1) // 2)
+
+
+def validate_jobs(jobs: object) -> int:
+    """``jobs`` as a positive integer, else a ``ValueError`` that says what was wrong."""
+    if isinstance(jobs, str):
+        if not jobs.strip().isdigit():
+            raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
+        jobs = int(jobs)
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
+    return jobs
+
+
+def connect_dask(address: str, timeout: float = 10.0):
+    """A client of the Dask scheduler at ``address``; an unreachable one is a PipelineError."""
+    from distributed import Client
+
+    try:
+        return Client(address, timeout=timeout, set_as_default=False)
+    except (OSError, TimeoutError) as error:
+        raise PipelineError(f"cannot reach the Dask scheduler at {address}: {error}") from None
+
+
+def _failure_notebook(chapter: Chapter, message: str) -> nbformat.NotebookNode:
+    """The page a failed chapter gets: its title and why it failed."""
+    text = (f"# {chapter.title}\n\n````{{error}} This chapter failed to execute\n"
+            f"The build ran every other chapter and rendered the book; this page stands in for "
+            f"the chapter until it runs again.\n\n```text\n{message}\n```\n````\n")
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(text)])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                       "language": "python"}
+    return notebook
+
+
+def execute_chapters(
+    selected: list[Chapter], tier: str, seed: int, stage: Path, cache: Path, *,
+    use_cache: bool = True, jobs: int = 1, client=None, report: Callable[[str], None] = print,
+    root: Path = ROOT,
+) -> list[RunRecord]:
+    """Execute ``selected`` into ``stage``: cached runs reused, the rest run ``jobs`` at a time
+    (or on the Dask ``client``'s workers). A chapter that fails does not stop the others: its
+    record carries the error and its page says why. Records come back in book order."""
+    total = len(selected)
+    position = {c.slug: i for i, c in enumerate(selected, start=1)}
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    records: dict[str, RunRecord] = {}
+
+    def output(chapter: Chapter) -> Path:
+        return stage / CHAPTER_DIR / f"{chapter.slug}.ipynb"
+
+    def done(chapter: Chapter, record: RunRecord) -> None:
+        records[chapter.slug] = record
+        prefix = f"[{position[chapter.slug]}/{total}] {chapter.slug}"
+        if record.error:
+            report(f"{prefix}: FAILED after {record.seconds:.1f} s: {record.error}")
+        else:
+            source = "cache" if record.cached else "fresh run"
+            report(f"{prefix}: {record.seconds:.1f} s ({source}), checks (paper / finding / "
+                   f"verification): {_claims_summary(record.claims)}")
+
+    pending = []
+    for chapter in selected:
+        output(chapter).parent.mkdir(parents=True, exist_ok=True)
+        record = cached_run(chapter, tier, seed, output(chapter), cache) if use_cache else None
+        if record:
+            done(chapter, record)
+        else:
+            pending.append(chapter)
+
+    def finish(chapter: Chapter, run: Callable[[], tuple[float, bytes]], start: float) -> None:
+        try:
+            seconds, notebook = run()
+        except PipelineError as error:
+            message = str(error).removeprefix(f"chapter {chapter.slug}: ")
+            nbformat.write(_failure_notebook(chapter, message), output(chapter))
+            finished = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+            done(chapter, RunRecord(chapter.slug, tier, seed, round(time.perf_counter() - start, 2),
+                                    ledger.count_kinds([]), False, "", finished, message))
+            return
+        output(chapter).write_bytes(notebook)
+        done(chapter, store_run(chapter, tier, seed, output(chapter), seconds, cache))
+
+    def started(chapter: Chapter) -> None:
+        where = " on the Dask cluster" if client else ""
+        report(f"[{position[chapter.slug]}/{total}] {chapter.slug}: executing at {tier} tier, "
+               f"seed {seed}{where}")
+
+    if client is None and jobs == 1:
+        for chapter in pending:
+            started(chapter)
+            start = time.perf_counter()
+            finish(chapter, lambda c=chapter: execute_chapter_task(c.slug, tier, seed, threads,
+                                                                    str(root)), start)
+    elif pending:
+        pool = None if client else ProcessPoolExecutor(jobs, mp_context=get_context("spawn"))
+        try:
+            futures: dict[Future, tuple[Chapter, float]] = {}
+            for chapter in pending:
+                started(chapter)
+                if client:
+                    future = client.submit(execute_chapter_task, chapter.slug, tier, seed,
+                                           pure=False)
+                else:
+                    future = pool.submit(execute_chapter_task, chapter.slug, tier, seed, threads,
+                                         str(root))
+                futures[future] = (chapter, time.perf_counter())
+            completed = client_as_completed(client, futures) if client else as_completed(futures)
+            for future in completed:
+                chapter, start = futures[future]
+                finish(chapter, future.result, start)
+        finally:
+            if pool:
+                pool.shutdown()
+    return [records[c.slug] for c in selected]
+
+
+def client_as_completed(client, futures):
+    """Dask futures in the order they finish."""
+    from distributed import as_completed as dask_as_completed
+
+    with client.as_current():
+        yield from dask_as_completed(list(futures))
+
+
 def build(
     tier: str = "book", seed: int = 0, *, out_root: Path = ROOT, use_cache: bool = True,
-    student: bool = False, report: Callable[[str], None] = print,
+    student: bool = False, report: Callable[[str], None] = print, jobs: int | None = None,
+    dask: str | None = None, root: Path = ROOT,
 ) -> list[RunRecord]:
     """Execute every chapter at ``tier`` and render the book into ``out_root/_build/html``.
 
-    With ``student=True`` the same executed chapters, with every exercise solution removed, are
-    rendered into :func:`student_html_dir` instead.
+    ``jobs`` chapters execute at once (default :func:`default_jobs`), or, with ``dask`` (a
+    scheduler address), one task per chapter on that cluster's workers, each executing its own
+    checkout of the book. ``root`` is the book to build (default: this checkout). A failing
+    chapter does not stop the others: the book renders with a page saying why it failed, and the
+    build then raises :class:`PipelineError` listing every failure. With ``student=True`` the same
+    executed chapters, with every exercise solution removed, are rendered into
+    :func:`student_html_dir`.
     """
     validate_parameters(tier, seed)
-    selected = chapters()
+    jobs = default_jobs() if jobs is None else validate_jobs(jobs)
+    client = connect_dask(dask) if dask else None  # before anything touches the cache
+    selected = chapters(root)
     stage = out_root / "_build" / ("student-stage" if student else "stage")
-    records = []
     total = time.perf_counter()
-    for index, chapter in enumerate(selected, start=1):
-        report(f"[{index}/{len(selected)}] {chapter.slug}: executing at {tier} tier, seed {seed}")
-        record = run_chapter(chapter, tier, seed, stage / CHAPTER_DIR / f"{chapter.slug}.ipynb",
-                             use_cache=use_cache, cache=cache_dir(out_root))
-        source = "cache" if record.cached else "fresh run"
-        report(f"[{index}/{len(selected)}] {chapter.slug}: {record.seconds:.1f} s ({source}), "
-               f"checks (paper / finding / verification): {_claims_summary(record.claims)}")
-        records.append(record)
-    save_history(records, out_root)
+    try:
+        records = execute_chapters(selected, tier, seed, stage, cache_dir(out_root),
+                                   use_cache=use_cache, jobs=jobs, client=client, report=report,
+                                   root=root)
+    finally:
+        if client is not None:
+            client.close()
+    save_history([r for r in records if not r.error], out_root)
     table = summary_table(records, selected)
-    stage_sources(stage, selected)
+    stage_sources(stage, selected, root)
     _write_if_changed(stage / STATUS_TABLE, table)
     book_ledger = {c.slug: {"title": c.title, "tier": tier, "seed": seed,
                             "rows": ledger.chapter_rows(stage / CHAPTER_DIR / f"{c.slug}.ipynb")}
                    for c in selected}
     _write_if_changed(stage / ledger.LEDGER_TABLE, ledger.ledger_markdown(book_ledger))
-    if not student:
-        ledger.save_ledger(book_ledger, out_root)
     if student:
         _make_student_edition(stage, selected)
+    else:
+        ledger.save_ledger(book_ledger, out_root)
     edition = "student edition" if student else "book"
     report(f"rendering the {edition} with Jupyter Book (-n -W --keep-going)")
     html = render_html(stage, out_root / "_build" / "student" if student else out_root)
     report(table)
+    failed = [r for r in records if r.error]
+    if failed:
+        lines = "\n".join(f"  {r.slug}: {r.error}" for r in failed)
+        raise PipelineError(f"{len(failed)} of {len(records)} chapters failed (the book was "
+                            f"rendered with their failure pages: {html / 'index.html'}):\n{lines}")
     report(f"{edition} built in {time.perf_counter() - total:.1f} s: {html / 'index.html'}")
     return records

@@ -1,0 +1,168 @@
+"""Building a small book: keep going past a failing chapter, parallel jobs, a Dask cluster,
+kernels over Unix sockets only, and bad build options."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from icml26.toolchain import cli, pipeline
+
+HEADER = """---
+jupytext:
+  text_representation:
+    format_name: myst
+kernelspec:
+  name: python3
+  display_name: Python 3
+---
+"""
+PARAMETERS = "```{code-cell} ipython3\n:tags: [parameters]\nTIER = 'smoke'\nSEED = 0\n```\n"
+CLAIMS = """```{code-cell} ipython3
+from icml26.claims import ClaimsCheck, threshold
+claims = ClaimsCheck(enforce=False)
+claims.paper("SEED is small", threshold(SEED, "<", 100))
+claims.show()
+```
+"""
+# Listening TCP sockets of the kernel process, read from /proc (no extra package needed).
+NO_TCP_CELL = """```{code-cell} ipython3
+import json, os
+from ipykernel import get_connection_info
+inodes = set()
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except FileNotFoundError:  # the descriptor listdir itself used
+        continue
+    if target.startswith("socket:"):
+        inodes.add(target[8:-1])
+listening = []
+for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+    for line in open(table).read().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:  # state 0A: LISTEN
+            listening.append(fields[1])
+print("transport", json.loads(get_connection_info())["transport"], "tcp", listening)
+```
+"""
+
+
+def _chapter(title: str, *cells: str) -> str:
+    return HEADER + f"# {title}\n\nSome text.\n\n" + PARAMETERS + "\n".join(cells)
+
+
+@pytest.fixture
+def small_book(tmp_path):
+    """A three-chapter book beside the real one: ok, failing (cell 3) and ok."""
+    root = tmp_path / "book-root"
+    real = pipeline.ROOT
+    (root / "book" / "chapters").mkdir(parents=True)
+    (root / "book" / "appendix").mkdir()
+    (root / "requirements").mkdir()
+    shutil.copy(real / "_config.yml", root / "_config.yml")
+    shutil.copytree(real / "book" / "_ext", root / "book" / "_ext",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(real / "book" / "references.bib", root / "book" / "references.bib")
+    for page in ("status.md", "reproduced.md"):
+        shutil.copy(real / "book" / "appendix" / page, root / "book" / "appendix" / page)
+    (root / "book" / "intro.md").write_text("# A small book\n\nThree chapters.\n")
+    chapters = root / "book" / "chapters"
+    (chapters / "alpha.md").write_text(_chapter("Alpha", NO_TCP_CELL, CLAIMS))
+    (chapters / "broken.md").write_text(_chapter(
+        "Broken", "```{code-cell} ipython3\nraise RuntimeError('deliberately broken')\n```\n"))
+    (chapters / "gamma.md").write_text(_chapter("Gamma", CLAIMS))
+    toc = {"format": "jb-book", "root": "book/intro", "parts": [
+        {"caption": "Part", "chapters": [{"file": f"book/chapters/{s}"}
+                                         for s in ("alpha", "broken", "gamma")]},
+        {"caption": "Appendix", "chapters": [{"file": "book/appendix/reproduced"},
+                                             {"file": "book/appendix/status"}]}]}
+    (root / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False))
+    return root
+
+
+def _build(root: Path, out: Path, **options) -> tuple[list[str], str]:
+    lines: list[str] = []
+    with pytest.raises(pipeline.PipelineError) as failure:
+        pipeline.build("smoke", 0, out_root=out, root=root, report=lines.append, **options)
+    return lines, str(failure.value)
+
+
+def _outputs(out: Path, slug: str) -> list[str]:
+    notebook = nbformat.read(out / "_build" / "stage" / "book" / "chapters" / f"{slug}.ipynb", 4)
+    return [o.get("text", "") for c in notebook.cells if c.cell_type == "code"
+            for o in c.get("outputs", []) if o.get("output_type") == "stream"]
+
+
+def test_a_failing_chapter_does_not_stop_the_build(small_book, tmp_path):
+    out = tmp_path / "out"
+    lines, error = _build(small_book, out, jobs=1)
+    assert "1 of 3 chapters failed" in error
+    assert "broken: cell 3 of the source" in error and "deliberately broken" in error
+    executed = [ln for ln in lines if "fresh run" in ln]
+    assert len(executed) == 2, lines  # alpha and gamma both ran
+    assert any("broken: FAILED" in ln for ln in lines)
+    table = next(ln for ln in lines if ln.startswith("| chapter"))
+    assert "FAILED: cell 3 of the source" in table
+    html = out / "_build" / "html" / "book" / "chapters"
+    assert "failed to execute" in (html / "broken.html").read_text()
+    assert "deliberately broken" in (html / "broken.html").read_text()
+    assert "Some text" in (html / "gamma.html").read_text()
+    # the kernel talked over Unix sockets and listened on no TCP port
+    assert any("transport ipc tcp []" in text for text in _outputs(out, "alpha"))
+    # failures are not cached: a rebuild runs the broken chapter again, the others from cache
+    lines, _ = _build(small_book, out, jobs=1)
+    assert sum("(cache)" in ln for ln in lines) == 2
+    assert any("broken: FAILED" in ln for ln in lines)
+
+
+def test_parallel_jobs_give_the_same_book(small_book, tmp_path):
+    serial, parallel = tmp_path / "serial", tmp_path / "parallel"
+    _build(small_book, serial, jobs=1)
+    lines, error = _build(small_book, parallel, jobs=2)
+    assert "1 of 3 chapters failed" in error
+    assert sum("fresh run" in ln for ln in lines) == 2
+    for slug in ("alpha", "gamma"):
+        assert _outputs(serial, slug) == _outputs(parallel, slug)
+    serial_ledger = (serial / "_build" / "claims.json").read_text()
+    assert serial_ledger == (parallel / "_build" / "claims.json").read_text()
+
+
+def test_dask_cluster_executes_the_chapters(small_book, tmp_path, monkeypatch):
+    distributed = pytest.importorskip("distributed")
+    monkeypatch.setenv("ICML26_ROOT", str(small_book))  # the workers' checkout
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster:
+        out = tmp_path / "dask"
+        lines, error = _build(small_book, out, dask=cluster.scheduler_address)
+    assert "1 of 3 chapters failed" in error and "deliberately broken" in error
+    assert sum("on the Dask cluster" in ln for ln in lines) == 3
+    assert sum("fresh run" in ln for ln in lines) == 2
+    assert any("SEED is small" in text or "transport ipc" in text
+               for text in _outputs(out, "alpha"))
+    assert (out / "_build" / "html" / "book" / "chapters" / "gamma.html").exists()
+
+
+@pytest.mark.parametrize(("argv", "reason"), [
+    (["build", "--jobs", "0"], "jobs must be a positive integer, got '0'"),
+    (["build", "--jobs", "abc"], "jobs must be a positive integer, got 'abc'"),
+    (["build", "--dask", "tcp://127.0.0.1:9"], "cannot reach the Dask scheduler at tcp://127.0.0.1:9"),
+])
+def test_bad_build_options_fail_in_one_line_without_touching_the_cache(argv, reason, capsys,
+                                                                        tmp_path):
+    cache = pipeline.cache_dir(tmp_path)
+    assert cli.main([*argv, "--out-root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and reason in err
+    assert not cache.exists() and not (tmp_path / "_build").exists()
+
+
+def test_default_jobs_use_half_the_cores(monkeypatch):
+    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 16)
+    assert pipeline.default_jobs() == 8
+    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 1)
+    assert pipeline.default_jobs() == 1
