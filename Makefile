@@ -11,7 +11,7 @@ JOBS_FLAG := $(if $(JOBS),--jobs $(JOBS))
 # Sleeping (not spinning) OpenMP threads: torch stays fast when the cores are shared.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: book student-book test env lint lock clean
+.PHONY: book student-book test lab env lint lock clean
 
 book: $(STAMP)
 	$(BIN)/icml26 build --tier $(TIER) --seed $(SEED) $(JOBS_FLAG)
@@ -19,6 +19,10 @@ book: $(STAMP)
 # The student edition: the same executed chapters with every exercise solution removed.
 student-book: $(STAMP)
 	$(BIN)/icml26 build --student --tier $(TIER) --seed $(SEED) $(JOBS_FLAG)
+
+# Work in the chapters live: JupyterLab opens each MyST chapter as a notebook (saved back as MyST).
+lab: $(STAMP)
+	$(BIN)/icml26 lab
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -29,7 +29,7 @@ def test_paired_comparison_matches_a_hand_computation():
     assert result.mean_difference == pytest.approx(0.35)
     assert result.standard_error == pytest.approx(diff.std(ddof=1) / 2)
     assert result.pairs == 4 and result.mean_a == pytest.approx(0.875)
-    assert result.holds == (0.35 - 0.1 > Z_RULE * result.standard_error)
+    assert result.holds == (Z_RULE * result.standard_error < 0.35 - 0.1)
     assert result.numbers()["MOD - MMD"] == pytest.approx(0.35)
     assert result.rule() == "mean(MOD - MMD) > 0.1 + 2 s.e."
 

@@ -51,7 +51,7 @@ Z_RULE = 2.0
 """Standard errors by which a paired difference must clear its margin: one rule for the book."""
 
 FAMILY_LEVEL = 0.05
-"""Family-wise error level of :func:`rate_family`: a correct family fails with at most this chance."""
+"""Family-wise level of :func:`rate_family`: a correct family fails with at most this chance."""
 
 CLAIMS_METADATA_KEY = "icml26_claims"
 """Output-metadata key under which a displayed check carries its rows (read by the build)."""

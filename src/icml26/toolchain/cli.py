@@ -9,6 +9,7 @@
     icml26 export --student [SLUG ...]         # lab notebooks with stubs for the exercises
     icml26 check mod-test my-notebook.ipynb    # grade a lab notebook, exercise by exercise
     icml26 claims                              # the "What reproduced" ledger of the last build
+    icml26 lab [JUPYTERLAB OPTIONS]            # JupyterLab with the chapters as notebooks
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 from pathlib import Path
 
 from icml26.core import TIERS
-from icml26.toolchain import labs, ledger, pipeline
+from icml26.toolchain import lab, labs, ledger, pipeline
 
 
 def _seed(text: str) -> int:
@@ -123,6 +124,8 @@ def parser() -> argparse.ArgumentParser:
     claims = commands.add_parser("claims", help="print the ledger of checks of the last build")
     claims.add_argument("--out-root", help="folder holding _build/ (default: the repository)")
     claims.set_defaults(handler=_claims)
+    # `icml26 lab OPTIONS...` passes every option to JupyterLab (handled in main, not parsed here)
+    commands.add_parser("lab", help="JupyterLab at the repository, chapters as notebooks")
     for sub, handler in ((run, _run), (build, _build)):
         sub.add_argument("--tier", default="book", help=f"one of {', '.join(TIERS)} (default book)")
         sub.add_argument("--seed", default="0", help="non-negative integer (default 0)")
@@ -132,6 +135,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["lab"]:
+        lab.start_lab(argv[1:])  # replaces this process
     args = parser().parse_args(argv)
     try:
         return args.handler(args) or 0

@@ -1,0 +1,118 @@
+"""Working live: a real JupyterLab opens a chapter as a notebook, runs its first code cells, and
+saves it back as MyST Markdown without outputs."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import jupytext
+import pytest
+from test_site import CHROMIUM, CHROMIUM_ARGS
+
+from icml26.toolchain import lab
+from icml26.toolchain.chapters import ROOT
+
+SLUG = "mod-test"
+TIMEOUT_MS = 240_000  # the first kernel start imports torch; generous on a loaded machine
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_lab_settings_open_markdown_as_notebooks(tmp_path):
+    target = lab.install_settings(prefix=tmp_path)
+    written = target.read_text()
+    assert '"markdown": "Jupytext Notebook"' in written and '"myst": "Jupytext Notebook"' in written
+    command = lab.lab_command(["--no-browser"])
+    assert command[1] == "lab" and command[-1] == "--no-browser"
+    assert f"--ServerApp.root_dir={ROOT}" in command
+
+
+@pytest.fixture(scope="module")
+def lab_server(tmp_path_factory):
+    """JupyterLab started as `make lab` starts it, on a copy of one chapter."""
+    root = tmp_path_factory.mktemp("lab")
+    chapter = root / "book" / "chapters" / f"{SLUG}.md"
+    chapter.parent.mkdir(parents=True)
+    shutil.copy(ROOT / "book" / "chapters" / f"{SLUG}.md", chapter)
+    port, token = _free_port(), secrets.token_hex(16)
+    icml26 = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "icml26"
+    command = [str(icml26 if icml26.exists() else shutil.which("icml26")), "lab",
+               "--no-browser", f"--port={port}", "--ip=127.0.0.1", f"--ServerApp.root_dir={root}",
+               f"--IdentityProvider.token={token}", "--ServerApp.disable_check_xsrf=False"]
+    log = (root / "lab.log").open("w")
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None:
+                    pytest.fail(f"JupyterLab exited: {(root / 'lab.log').read_text()[-2000:]}")
+                time.sleep(0.5)
+        else:
+            pytest.fail("JupyterLab did not start within 60 s")
+        yield url, token, chapter
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def test_chapter_opens_runs_and_saves_without_outputs(lab_server):
+    if not CHROMIUM:
+        pytest.skip("Chromium not found at /usr/bin/chromium or on PATH")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    url, token, chapter = lab_server
+    original = jupytext.read(chapter)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto(f"{url}/lab/tree/book/chapters/{SLUG}.md?token={token}")
+            # opened as a notebook (Jupytext's viewer), not as a text file
+            page.wait_for_selector(".jp-NotebookPanel .jp-CodeCell")
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+            code_cells = page.locator(".jp-NotebookPanel .jp-CodeCell")
+            code_cells.nth(0).locator(".jp-InputArea-editor").click()
+            page.keyboard.press("Escape")
+            for _ in range(2):  # the parameters cell, then the setup cell
+                page.keyboard.press("Control+Enter")
+                page.wait_for_function(
+                    "() => [...document.querySelectorAll('.jp-NotebookPanel .jp-CodeCell "
+                    ".jp-InputPrompt')].some(p => /\\[\\d+\\]/.test(p.textContent))")
+                page.keyboard.press("j")  # next cell
+                while "jp-CodeCell" not in (page.locator(".jp-Cell.jp-mod-selected")
+                                            .first.get_attribute("class") or ""):
+                    page.keyboard.press("j")
+            output = code_cells.nth(1).locator(".jp-OutputArea-output")
+            output.first.wait_for()
+            shown = output.first.inner_text()
+            assert shown.strip(), "the setup cell showed no output"
+            page.keyboard.press("Control+s")
+            page.wait_for_function(
+                "() => !document.querySelector('.jp-mod-current .jp-mod-dirty')")
+            time.sleep(1)
+        finally:
+            browser.close()
+    saved = chapter.read_text()
+    assert shown.strip().splitlines()[0] not in saved, "an output was saved into the chapter"
+    assert "outputs" not in saved and "execution_count" not in saved
+    again = jupytext.read(chapter)
+    assert [c.source for c in again.cells] == [c.source for c in original.cells]
