@@ -10,7 +10,7 @@ import pytest
 from bs4 import BeautifulSoup
 from nbclient import NotebookClient
 
-from icml26.toolchain import labs
+from icml26.toolchain import grading, labs
 from icml26.toolchain.chapters import PACKAGE_DIR, chapters, read_source
 
 CHAPTERS = chapters()
@@ -43,14 +43,14 @@ def test_every_exercise_has_a_check(chapter):
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=IDS)
 def test_instructor_notebook_passes_every_check(chapter, exported):
-    results = labs.grade(chapter.slug, exported[chapter.slug, "instructor"])
+    results = grading.grade_submission(chapter.slug, exported[chapter.slug, "instructor"]).exercises
     failed = [f"{r.exercise}: {r.message}" for r in results if not r.passed]
     assert results and not failed, failed
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=IDS)
 def test_untouched_student_notebook_fails_every_check(chapter, exported):
-    results = labs.grade(chapter.slug, exported[chapter.slug, "student"])
+    results = grading.grade_submission(chapter.slug, exported[chapter.slug, "student"]).exercises
     assert results and not any(r.passed for r in results)
     assert all("not implemented" in r.message for r in results), [r.message for r in results]
 
@@ -148,8 +148,8 @@ def test_malformed_solution_gates_are_refused(markdown, problem):
 def test_grading_refuses_a_notebook_that_was_not_exported(tmp_path):
     path = tmp_path / "plain.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]), path)
-    with pytest.raises(labs.LabError, match="not a notebook exported"):
-        labs.grade(CHAPTERS[0].slug, path)
+    grade = grading.grade_submission(CHAPTERS[0].slug, path)
+    assert not grade.exercises and "not a notebook exported" in grade.error
 
 
 def test_cli_check_exit_code_and_summary(exported, capsys):

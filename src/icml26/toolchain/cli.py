@@ -8,6 +8,7 @@
     icml26 build --student                     # the student edition (solutions removed)
     icml26 export --student [SLUG ...]         # lab notebooks with stubs for the exercises
     icml26 check mod-test my-notebook.ipynb    # grade a lab notebook, exercise by exercise
+    icml26 grade mod-test submissions/ --out grades.csv   # grade a class into a gradebook
     icml26 claims                              # the "What reproduced" ledger of the last build
     icml26 lab [JUPYTERLAB OPTIONS]            # JupyterLab with the chapters as notebooks
 """
@@ -19,7 +20,7 @@ import sys
 from pathlib import Path
 
 from icml26.core import TIERS
-from icml26.toolchain import lab, labs, ledger, pipeline
+from icml26.toolchain import grading, lab, labs, ledger, pipeline
 
 
 def _seed(text: str) -> int:
@@ -74,16 +75,46 @@ def _export(args: argparse.Namespace) -> None:
         print(f"{chapter.slug}: wrote {labs.export_chapter(chapter, out_dir, args.student)}")
 
 
+def _limits(args: argparse.Namespace) -> grading.Limits:
+    return grading.Limits(cell_seconds=_positive(args.cell_timeout, "--cell-timeout"),
+                          submission_seconds=_positive(args.timeout, "--timeout"),
+                          memory_mib=_positive(args.memory, "--memory"))
+
+
+def _positive(text: str, option: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{option} must be a positive number, got {text!r}") from None
+    if not value > 0:
+        raise ValueError(f"{option} must be a positive number, got {text!r}")
+    return value
+
+
 def _check(args: argparse.Namespace) -> int:
     notebook = Path(args.notebook)
     if not notebook.is_file():
         raise ValueError(f"no such notebook: {notebook}")
-    results = labs.grade(args.slug, notebook, _tier(args.tier))
-    for result in results:
-        print(f"{'PASS' if result.passed else 'FAIL'}  {result.exercise}: {result.message}")
-    passed = sum(r.passed for r in results)
-    print(f"{passed} passed, {len(results) - passed} failed")
-    return 0 if passed == len(results) else 1
+    grade = grading.grade_submission(args.slug, notebook, _tier(args.tier), _limits(args))
+    if grade.error:
+        raise ValueError(f"{notebook}: {grade.error}")
+    for result in grade.exercises:
+        print(f"{'PASS' if result.passed else 'FAIL'}  {result.exercise} "
+              f"({result.points:g}/{result.max_points:g}): {result.message}")
+    passed = sum(r.passed for r in grade.exercises)
+    print(f"{passed} passed, {len(grade.exercises) - passed} failed")
+    return 0 if passed == len(grade.exercises) else 1
+
+
+def _grade(args: argparse.Namespace) -> int:
+    jobs = None if args.jobs is None else pipeline.validate_jobs(args.jobs)
+    grades = grading.grade_folder(args.slug, Path(args.submissions), tier=_tier(args.tier),
+                                  limits=_limits(args), jobs=jobs,
+                                  report=lambda line: print(line, flush=True))
+    target = grading.write_gradebook(grades, Path(args.out))
+    print(grading.summary_table(grades))
+    print(f"wrote {target}")
+    return 0
 
 
 def _claims(args: argparse.Namespace) -> None:
@@ -119,8 +150,18 @@ def parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="grade a lab notebook exercise by exercise")
     check.add_argument("slug")
     check.add_argument("notebook")
-    check.add_argument("--tier", default="smoke", help="tier to run the notebook at")
     check.set_defaults(handler=_check)
+    grade = commands.add_parser("grade", help="grade every submission in a folder into a CSV")
+    grade.add_argument("slug")
+    grade.add_argument("submissions", help="folder of submitted notebooks")
+    grade.add_argument("--out", default="grades.csv", help="the gradebook (default grades.csv)")
+    grade.add_argument("--jobs", help="submissions graded at once (default: half the cores)")
+    grade.set_defaults(handler=_grade)
+    for sub in (check, grade):
+        sub.add_argument("--tier", default="smoke", help="tier to run the notebook at")
+        sub.add_argument("--cell-timeout", default="120", help="seconds per cell (default 120)")
+        sub.add_argument("--timeout", default="900", help="seconds per submission (default 900)")
+        sub.add_argument("--memory", default="4096", help="MiB of memory per kernel (4096)")
     claims = commands.add_parser("claims", help="print the ledger of checks of the last build")
     claims.add_argument("--out-root", help="folder holding _build/ (default: the repository)")
     claims.set_defaults(handler=_claims)

@@ -15,14 +15,10 @@ and code cells) is the solution. From that one source:
 from __future__ import annotations
 
 import ast
-import contextlib
 import copy
 import importlib.util
 import inspect
-import io
-import os
 import re
-import textwrap
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,7 +26,7 @@ from pathlib import Path
 
 import nbformat
 
-from icml26.toolchain.chapters import ROOT, Chapter, chapters, find_chapter, read_source
+from icml26.toolchain.chapters import ROOT, Chapter, chapters, read_source
 
 LABS_DIR = ROOT / "tests" / "labs"
 META = "icml26"  # cell metadata key: {"role": "setup" | "solution" | "check", "exercise": label}
@@ -206,7 +202,8 @@ class CheckResult:
     message: str
 
 
-def _load_check_module(path: Path):
+def load_check_module(path: Path):
+    """Import a check file as a module (its ``name``, ``points`` and ``test_*`` functions)."""
     spec = importlib.util.spec_from_file_location(f"icml26_lab_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -231,7 +228,7 @@ def _find_check_file(label: str) -> Path:
 
 def run_check(path: Path, namespace: dict) -> CheckResult:
     """Run every ``test_*`` function of one check file, arguments taken from ``namespace``."""
-    module = _load_check_module(path)
+    module = load_check_module(path)
     label = getattr(module, "name", path.stem)
     tests: list[Callable] = [f for n, f in vars(module).items() if n.startswith("test_")]
     for test in tests:
@@ -258,38 +255,3 @@ def check(label: str, namespace: dict | None = None) -> CheckResult:
     result = run_check(_find_check_file(label), namespace)
     print(f"{'PASS' if result.passed else 'FAIL'} {result.exercise}: {result.message}")
     return result
-
-
-def _exec_cells(notebook: nbformat.NotebookNode, tier: str) -> dict:
-    """Run the setup and solution cells of an exported notebook in one namespace."""
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    namespace: dict = {"__name__": "__lab__"}
-    for cell in notebook.cells:
-        role = cell.metadata.get(META, {}).get("role")
-        if cell.cell_type != "code" or role not in ("setup", "solution"):
-            continue
-        source = cell.source
-        if "parameters" in cell.metadata.get("tags", []):
-            source += f"\nTIER = {tier!r}"
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                exec(compile(textwrap.dedent(source), "<cell>", "exec"), namespace)
-        except NotImplementedError:
-            continue  # an exercise not done yet: its check will say so
-    return namespace
-
-
-def grade(slug: str, notebook_path: Path, tier: str = "smoke") -> list[CheckResult]:
-    """Grade a student's notebook for chapter ``slug``: one result per exercise."""
-    find_chapter(slug)
-    notebook = nbformat.read(notebook_path, as_version=4)
-    if not any(cell.metadata.get(META) for cell in notebook.cells):
-        raise LabError(f"{notebook_path} is not a notebook exported by `icml26 export`")
-    namespace = _exec_cells(notebook, tier)
-    files = check_files(slug)
-    order = [cell.metadata[META]["exercise"] for cell in notebook.cells
-             if cell.metadata.get(META, {}).get("role") == "check"]
-    unknown = [label for label in order if label not in files]
-    if unknown:
-        raise LabError(f"no checks for exercises {unknown} in {LABS_DIR / slug}")
-    return [run_check(files[label], namespace) for label in order]
