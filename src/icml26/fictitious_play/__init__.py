@@ -7,6 +7,7 @@ the opponent models, best-of-N scoring by simulation, and the agents compared in
 
 from .matrix import (
     MatrixPlay,
+    against_adversary,
     check_game,
     entropy,
     fictitious_play,
@@ -31,16 +32,17 @@ from .negotiation import (
     expected_utility,
     fit_logistic,
     play_episode,
+    pseudo_data,
     run_repeated,
     sigmoid,
     simulated_utility,
 )
 
 __all__ = [
-    "METHODS", "ExchangeGame", "LogisticModel", "MatrixPlay", "Partner", "PriceGame",
-    "RepeatedRun", "Seller", "Switching", "best_of_n", "bon_choice_probabilities",
-    "candidate_pool", "check_game", "entropy", "expected_utility", "fictitious_play",
-    "fit_logistic", "play_episode", "regret_bound", "rock_paper_scissors", "run_repeated",
-    "shapley_game", "sigmoid", "simulated_utility", "smooth_best_response",
-    "stochastic_fictitious_play",
+    "ExchangeGame", "LogisticModel", "METHODS", "MatrixPlay", "Partner", "PriceGame",
+    "RepeatedRun", "Seller", "Switching", "against_adversary", "best_of_n",
+    "bon_choice_probabilities", "candidate_pool", "check_game", "entropy", "expected_utility",
+    "fictitious_play", "fit_logistic", "play_episode", "pseudo_data", "regret_bound",
+    "rock_paper_scissors", "run_repeated", "shapley_game", "sigmoid", "simulated_utility",
+    "smooth_best_response", "stochastic_fictitious_play",
 ]

@@ -55,7 +55,7 @@ def shapley_game() -> tuple[np.ndarray, np.ndarray]:
 
 
 def smooth_best_response(utilities, tau: float) -> np.ndarray:
-    """Logit response ``softmax(u / tau)``, the maximiser of ``<s, u> + tau H(s)``: Eq. (eq-sfp-logit).
+    """Logit response ``softmax(u / tau)``, maximiser of ``<s, u> + tau H(s)``, Eq. (eq-sfp-logit).
 
     ``utilities`` is a vector (or a stack of vectors along the last axis); ``tau > 0``.
     """
@@ -101,7 +101,7 @@ class MatrixPlay:
                      for m, a in zip(self.A.shape, self.actions, strict=True))
 
     def empirical(self) -> tuple[np.ndarray, np.ndarray]:
-        """Time-averaged play of each player after every step: the beliefs of Eq. (eq-sfp-belief)."""
+        """Time-averaged play of each player after every step: beliefs of Eq. (eq-sfp-belief)."""
         steps = np.arange(1, self.iterations + 1)[:, None]
         return tuple(c / steps for c in self.counts)
 
@@ -196,11 +196,12 @@ def stochastic_fictitious_play(A, B=None, iterations: int = 1000, tau: float = 0
 
 
 def regret_bound(tau: float, n_actions: int, iterations: int, payoff_range: float) -> float:
-    """Average-regret bound of smooth fictitious play after ``iterations`` steps, Eq. (eq-sfp-bound).
+    """Average-regret bound of smooth fictitious play after ``iterations`` steps (eq-sfp-bound).
 
-    ``tau log n (K-1)/K + r^2 (1 + H_{K-1}) / (8 tau K)``, with ``H`` the harmonic number and
-    ``r`` the range of the player's payoffs. It holds for the expected regret against *any*
-    opponent sequence (``epsilon_bar = 0``).
+    ``tau log n (K-1)/K + (r + r^2 Lambda_{K-1} / (8 tau)) / K``, with ``Lambda_{K-1}`` the
+    harmonic number ``sum_{j<K} 1/j`` (zero for ``K = 1``) and ``r`` the range of the player's
+    payoffs. It holds for the expected regret against *any* opponent sequence, whatever the
+    first move (the first step is charged at most ``r``), for ``epsilon_bar = 0``.
     """
     tau = check_positive(tau, "tau")
     n = check_count(n_actions, "n_actions", 1)
@@ -209,4 +210,38 @@ def regret_bound(tau: float, n_actions: int, iterations: int, payoff_range: floa
     if not np.isfinite(r) or r < 0:
         raise ValueError(f"payoff_range must be a non-negative number, got {payoff_range!r}")
     harmonic = float(np.sum(1.0 / np.arange(1, K))) if K > 1 else 0.0
-    return tau * math.log(n) * (K - 1) / K + r**2 * (1 + harmonic) / (8 * tau * K)
+    return tau * math.log(n) * (K - 1) / K + (r + r**2 * harmonic / (8 * tau)) / K
+
+
+def against_adversary(A, iterations: int = 1000, tau: float | None = None,
+                      rng=None) -> MatrixPlay:
+    """The row player runs FP (``tau=None``) or sFP (``tau > 0``) against an adaptive adversary.
+
+    In every step the adversary knows the row player's mixed strategy (for FP: uniform over the
+    tied best responses) and plays the column that minimises the row player's expected payoff
+    (lowest index on ties). Against plain fictitious play it wins every step in which the
+    learner's best response is unique (in rock-paper-scissors two steps in three), while sFP
+    keeps the regret bound of Eq. (eq-sfp-bound), which holds against any opponent.
+    """
+    A, _ = check_game(A)
+    iterations = check_count(iterations, "iterations", 1)
+    if tau is not None:
+        tau = check_positive(tau, "tau")
+    rng = _check_rng(rng)
+    m, n = A.shape
+    seen = np.zeros(n)
+    actions = [np.empty(iterations, dtype=int), np.empty(iterations, dtype=int)]
+    strategies = [np.empty((iterations, m)), np.zeros((iterations, n))]
+    for t in range(iterations):
+        utilities = A @ _belief(seen)
+        if tau is None:
+            best = utilities == utilities.max()
+            sigma = best / best.sum()
+        else:
+            sigma = smooth_best_response(utilities, tau)
+        b = int(np.argmin(sigma @ A))
+        a = int(rng.choice(m, p=sigma))
+        actions[0][t], actions[1][t] = a, b
+        strategies[0][t], strategies[1][t, b] = sigma, 1.0
+        seen[b] += 1
+    return MatrixPlay(A, -A, tuple(actions), tuple(strategies))

@@ -92,7 +92,7 @@ class PriceGame:
         return x
 
     def utility(self, offers) -> np.ndarray:
-        """The agent's payoff ``value - x_h`` if the offer of round ``h`` is accepted: ``(n, H)``."""
+        """The agent's payoff ``value - x_h`` if round ``h``'s offer is accepted: ``(n, H)``."""
         return self.value - self.check_offers(offers)[..., 0]
 
     def features(self, offers) -> np.ndarray:
@@ -100,6 +100,11 @@ class PriceGame:
         x = self.check_offers(offers)[..., 0]
         t = np.broadcast_to(np.arange(self.rounds) / self.rounds, x.shape)
         return np.stack([np.ones_like(x), x, t, x * t], axis=-1)
+
+    def grid_offers(self, points: int = 21) -> np.ndarray:
+        """Constant offers on a grid of ``[0, value]``: ``(points, H, 1)`` (prior pseudo-data)."""
+        x = np.linspace(0.0, self.value, points)
+        return np.repeat(x[:, None, None], self.rounds, axis=1)
 
     def threshold_model(self, threshold: float, steepness: float = 0.03) -> LogisticModel:
         """A fixed model "the seller accepts offers above ``threshold`` in every round"."""
@@ -159,6 +164,12 @@ class ExchangeGame:
         t = np.broadcast_to(np.arange(self.rounds) / self.rounds, x.shape[:2])
         return np.concatenate([np.ones(x.shape[:2] + (1,)), x, t[..., None]], axis=-1)
 
+    def grid_offers(self, points: int = 6) -> np.ndarray:
+        """Constant proposals on a ``points x points`` grid of shares: ``(points^2, H, 2)``."""
+        g = np.linspace(0.0, 1.0, points)
+        x = np.stack(np.meshgrid(g, g, indexing="ij"), axis=-1).reshape(-1, 2)
+        return np.repeat(x[:, None, :], self.rounds, axis=1)
+
     def symmetric_model(self, reservation: float, steepness: float = 0.05) -> LogisticModel:
         """A fixed model "the partner weighs both issues equally and wants ``reservation``"."""
         check_positive(steepness, "steepness")
@@ -183,6 +194,13 @@ class Seller:
     floor: float = 0.3
     steepness: float = 0.03
 
+    def __post_init__(self):
+        check_positive(self.beta, "beta")
+        check_positive(self.steepness, "steepness")
+        if not (np.isfinite(self.theta0) and np.isfinite(self.floor)) or self.floor > self.theta0:
+            raise ValueError(f"need a finite floor <= theta0, got floor={self.floor!r}, "
+                             f"theta0={self.theta0!r}")
+
     def thresholds(self, rounds: int) -> np.ndarray:
         h = np.arange(rounds) / rounds
         return self.floor + (self.theta0 - self.floor) * (1 - h) ** self.beta
@@ -202,6 +220,12 @@ class Partner:
     reservation: float = 0.5
     concession: float = 0.05
     steepness: float = 0.05
+
+    def __post_init__(self):
+        w = np.asarray(self.weights, dtype=float)
+        if w.shape != (2,) or np.any(w < 0) or not np.all(np.isfinite(w)):
+            raise ValueError("partner weights must be two non-negative numbers")
+        check_positive(self.steepness, "steepness")
 
     def accept_probability(self, game: ExchangeGame, offers, episode: int = 0) -> np.ndarray:
         x = game.check_offers(offers)
@@ -236,34 +260,72 @@ class LogisticModel:
     coef: np.ndarray
 
     def accept_probability(self, game, offers, episode: int = 0) -> np.ndarray:
-        return sigmoid(game.features(offers) @ self.coef)
+        f = game.features(offers)
+        coef = np.asarray(self.coef, dtype=float)
+        if coef.shape != (f.shape[-1],):
+            raise ValueError(f"model has {coef.shape} coefficients, "
+                             f"the game {f.shape[-1]} features")
+        return sigmoid(f @ coef)
 
 
-def fit_logistic(features, accepts, ridge: float = 1e-3, coef0=None,
+def fit_logistic(features, accepts, weights=None, ridge: float = 1e-3, coef0=None,
                  iterations: int = 50) -> np.ndarray:
-    """Ridge-penalised logistic regression by Newton's method (IRLS), Eq. (eq-sfp-model).
+    """Weighted, ridge-penalised logistic regression by damped Newton steps, Eq. (eq-sfp-model).
 
-    Maximises ``sum_i log p(y_i | f_i) - ridge/2 |w|^2``; with no data the answer is ``w = 0``
-    (acceptance 1/2 everywhere: the uniform belief).
+    Maximises ``sum_i c_i [y_i log p_i + (1 - y_i) log(1 - p_i)] - ridge/2 |w|^2`` with
+    ``p_i = sigmoid(f_i . w)``, weights ``c_i >= 0`` and (possibly soft) labels ``y_i`` in
+    ``[0, 1]``. With no data the answer is ``w = 0``: acceptance 1/2 everywhere.
     """
     X = np.asarray(features, dtype=float)
     y = np.asarray(accepts, dtype=float)
     if X.ndim != 2 or y.shape != (X.shape[0],):
         raise ValueError(f"features (n, d) and accepts (n,) needed, got {X.shape}, {y.shape}")
+    if np.any(y < 0) or np.any(y > 1):
+        raise ValueError("accepts must lie in [0, 1]")
+    c = np.ones(X.shape[0]) if weights is None else np.asarray(weights, dtype=float)
+    if c.shape != y.shape or np.any(c < 0) or not np.all(np.isfinite(c)):
+        raise ValueError("weights must be non-negative, one per observation")
     ridge = check_positive(ridge, "ridge")
     w = np.zeros(X.shape[1]) if coef0 is None else np.array(coef0, dtype=float)
     if X.shape[0] == 0:
         return np.zeros(X.shape[1])
     eye = ridge * np.eye(X.shape[1])
+
+    def objective(v):
+        z = X @ v
+        return float(np.sum(c * (y * z - np.logaddexp(0.0, z))) - 0.5 * ridge * v @ v)
+
+    current = objective(w)
     for _ in range(iterations):
         p = sigmoid(X @ w)
-        grad = X.T @ (y - p) - ridge * w
-        hess = (X * (p * (1 - p))[:, None]).T @ X + eye
+        grad = X.T @ (c * (y - p)) - ridge * w
+        hess = (X * (c * p * (1 - p))[:, None]).T @ X + eye
         step = np.linalg.solve(hess, grad)
-        w = w + step
-        if np.max(np.abs(step)) < 1e-8 * (1 + np.max(np.abs(w))):
+        size = 1.0
+        while size > 1e-6:  # backtracking: Newton steps on a logistic likelihood can overshoot
+            trial = objective(w + size * step)
+            if trial >= current - 1e-12:
+                break
+            size *= 0.5
+        w, gain, current = w + size * step, trial - current, trial
+        if abs(gain) < 1e-10 * (1 + abs(current)):
             break
     return w
+
+
+def pseudo_data(game, model, weight: float):
+    """A prior belief as ``weight`` pseudo-observations, Eq. (eq-sfp-model).
+
+    The model's acceptance probabilities on a grid of proposals become soft labels whose
+    weights sum to ``weight``: the counterpart of the initial weights of fictitious play.
+    Returns ``(features, labels, weights)``.
+    """
+    if isinstance(weight, bool) or not np.isfinite(weight) or weight < 0:
+        raise ValueError(f"prior weight must be a non-negative number, got {weight!r}")
+    offers = game.grid_offers()
+    f = game.features(offers).reshape(-1, game.features(offers).shape[-1])
+    y = model.accept_probability(game, offers).reshape(-1)
+    return f, y, np.full(y.size, weight / y.size)
 
 
 # --- scoring and best-of-N --------------------------------------------------------------------
@@ -331,7 +393,10 @@ def play_episode(game, opponent, strategy, uniforms, episode: int = 0):
     """
     offers = game.offers(np.asarray(strategy, dtype=float)[None])
     p = opponent.accept_probability(game, offers, episode)[0]
-    accepted = np.asarray(uniforms) < p
+    uniforms = np.asarray(uniforms, dtype=float)
+    if uniforms.shape != (game.rounds,):
+        raise ValueError(f"need {game.rounds} acceptance uniforms, got shape {uniforms.shape}")
+    accepted = uniforms < p
     deal = int(np.argmax(accepted)) if accepted.any() else -1
     seen = game.rounds if deal < 0 else deal + 1
     utility = 0.0 if deal < 0 else float(game.utility(offers)[0, deal])
@@ -350,15 +415,17 @@ def candidate_pool(game, seed, episodes: int, pool_size: int = 64) -> np.ndarray
 
 
 def run_repeated(game, opponent, method: str, *, episodes: int, n_candidates: int = 16,
-                 seed=0, prior=None, scoring: str = "exact", rollouts: int = 8,
-                 ridge: float = 1e-3, pool_size: int = 64) -> RepeatedRun:
+                 seed=0, prior=None, prior_weight: float = 5.0, scoring: str = "exact",
+                 rollouts: int = 8, ridge: float = 1e-3, pool_size: int = 64) -> RepeatedRun:
     """Play ``episodes`` negotiations with one agent (Algorithm in the chapter).
 
     ``method``: ``"base"`` plays the first proposal (no adaptation); ``"prior"`` best-of-``N``
     scored against the fixed model ``prior``; ``"last"`` against a model fitted on the previous
     episode only; ``"sfp"`` against a model fitted on every past episode (the time-averaged
-    belief); ``"oracle"`` against the true opponent. The same ``seed`` gives every method the
-    same candidates and the same acceptance coins (common random numbers).
+    belief); ``"oracle"`` against the true opponent. ``"last"`` and ``"sfp"`` start from
+    ``prior`` as ``prior_weight`` pseudo-observations (:func:`pseudo_data`), or from the uniform
+    belief when ``prior`` is None. The same ``seed`` gives every method the same candidates and
+    the same acceptance coins (common random numbers).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -381,6 +448,10 @@ def run_repeated(game, opponent, method: str, *, episodes: int, n_candidates: in
     utilities, deals, chosen = np.zeros(episodes), np.full(episodes, -1), []
     history_f, history_y, coefs = [], [], []
     coef = np.zeros(game.features(game.offers(pool[0, :1])).shape[-1])
+    if prior is not None:
+        prior_f, prior_y, prior_c = pseudo_data(game, prior, prior_weight)
+    else:
+        prior_f, prior_y, prior_c = np.zeros((0, coef.size)), np.zeros(0), np.zeros(0)
     queries = 0
     for t in range(episodes):
         candidates = pool[t, :n]
@@ -392,14 +463,12 @@ def run_repeated(game, opponent, method: str, *, episodes: int, n_candidates: in
             elif method == "oracle":
                 model = opponent
             else:
-                if method == "last":
-                    f = history_f[-1] if history_f else np.zeros((0, coef.size))
-                    y = history_y[-1] if history_y else np.zeros(0)
-                    coef = fit_logistic(f, y, ridge)
-                else:
-                    f = np.concatenate(history_f) if history_f else np.zeros((0, coef.size))
-                    y = np.concatenate(history_y) if history_y else np.zeros(0)
-                    coef = fit_logistic(f, y, ridge, coef0=coef)
+                used = history_f[-1:] if method == "last" else history_f
+                labels = history_y[-1:] if method == "last" else history_y
+                f = np.concatenate([prior_f, *used])
+                y = np.concatenate([prior_y, *labels])
+                c = np.concatenate([prior_c, np.ones(y.size - prior_y.size)])
+                coef = fit_logistic(f, y, c, ridge, coef0=coef if method == "sfp" else None)
                 coefs.append(coef.copy())
                 model = LogisticModel(coef)
             if scoring == "exact":

@@ -1,0 +1,319 @@
+"""Tests for the fictitious-play chapter: nashpy as oracle, the regret bound, the Gibbs variational
+principle, the exact simulation score against Monte Carlo and brute force, and bad input."""
+
+import itertools
+
+import nashpy as nash
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+
+import icml26.fictitious_play as fp
+
+GAMES = {"rps": fp.rock_paper_scissors, "shapley": fp.shapley_game}
+
+
+# --- matrix games -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("game", sorted(GAMES))
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_fictitious_play_matches_nashpy_draw_for_draw(game, seed):
+    A, B = GAMES[game]()
+    iterations = 300
+    np.random.seed(seed)
+    theirs = list(nash.Game(A, B).fictitious_play(iterations=iterations))
+    ours = fp.fictitious_play(A, B, iterations, rng=np.random.RandomState(seed)).counts
+    for t in range(iterations):
+        assert np.array_equal(theirs[t + 1][0], ours[0][t]), (game, seed, t)
+        assert np.array_equal(theirs[t + 1][1], ours[1][t]), (game, seed, t)
+
+
+@pytest.mark.parametrize("game", sorted(GAMES))
+@pytest.mark.parametrize("epsilon_bar", [0.0, 0.05])
+def test_stochastic_fictitious_play_matches_nashpy(game, epsilon_bar):
+    A, B = GAMES[game]()
+    iterations, tau, seed = 300, 0.2, 3
+    np.random.seed(seed)
+    theirs = list(nash.Game(A, B).stochastic_fictitious_play(
+        iterations=iterations, etha=tau, epsilon_bar=epsilon_bar))
+    run = fp.stochastic_fictitious_play(A, B, iterations, tau=tau, epsilon_bar=epsilon_bar,
+                                        rng=np.random.RandomState(seed))
+    for t in range(iterations):
+        counts, dists = theirs[t + 1]
+        assert np.array_equal(counts[0], run.counts[0][t])
+        assert np.array_equal(counts[1], run.counts[1][t])
+        np.testing.assert_allclose(dists[0], run.strategies[0][t], atol=1e-12)
+        np.testing.assert_allclose(dists[1], run.strategies[1][t], atol=1e-12)
+
+
+def test_smooth_best_response_is_the_gibbs_maximiser():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        u = rng.normal(size=4)
+        tau = rng.uniform(0.05, 2.0)
+        best = fp.smooth_best_response(u, tau)
+        value = best @ u + tau * fp.entropy(best)
+        np.testing.assert_allclose(value, tau * np.log(np.exp(u / tau).sum()), rtol=1e-10)
+        others = rng.dirichlet(np.ones(4), size=2000)
+        vals = others @ u + tau * np.array([fp.entropy(p) for p in others])
+        assert vals.max() <= value + 1e-12
+
+
+def test_smooth_best_response_limits():
+    u = np.array([0.1, 0.5, 0.3])
+    np.testing.assert_allclose(fp.smooth_best_response(u, 1e-4), [0, 1, 0], atol=1e-12)
+    np.testing.assert_allclose(fp.smooth_best_response(u, 1e4), np.full(3, 1 / 3), atol=1e-4)
+
+
+@pytest.mark.parametrize("tau", [0.02, 0.1, 0.5])
+def test_sfp_regret_bound_holds_at_every_step_against_the_adversary(tau):
+    A, _ = fp.rock_paper_scissors()
+    K = 800
+    run = fp.against_adversary(A, K, tau=tau, rng=np.random.default_rng(1))
+    regret = run.average_regret(0)
+    bounds = np.array([fp.regret_bound(tau, 3, k, 2.0) for k in range(1, K + 1)])
+    assert np.all(regret <= bounds + 1e-12)
+
+
+def test_sfp_regret_bound_holds_against_random_and_self_play_opponents():
+    rng = np.random.default_rng(2)
+    for _ in range(5):
+        A = rng.uniform(-1, 1, size=(4, 3))
+        B = rng.uniform(-1, 1, size=(4, 3))
+        run = fp.stochastic_fictitious_play(A, B, 400, tau=0.1, rng=rng)
+        r_row = A.max() - A.min()
+        r_col = B.max() - B.min()
+        assert run.average_regret(0)[-1] <= fp.regret_bound(0.1, 4, 400, r_row)
+        assert run.average_regret(1)[-1] <= fp.regret_bound(0.1, 3, 400, r_col)
+
+
+def test_regret_bound_equals_the_terms_of_its_proof():
+    # K * bound = r (first step) + log|A| / eta_K + (r^2 / 8) sum_{t=2}^K eta_t,
+    # with eta_t = 1 / (tau (t - 1)): the telescoping sum of (eq-sfp-bound), term by term.
+    cases = ((0.05, 3, 1, 2.0), (0.05, 3, 2, 2.0), (0.3, 4, 17, 1.5), (2.0, 2, 500, 1.0))
+    for tau, n, K, r in cases:
+        etas = [1.0 / (tau * (t - 1)) for t in range(2, K + 1)]
+        log_term = np.log(n) * tau * (K - 1)
+        total = r + log_term + r**2 / 8 * sum(etas)
+        np.testing.assert_allclose(fp.regret_bound(tau, n, K, r) * K, total, rtol=1e-12)
+
+
+@pytest.mark.parametrize("tau", [0.05, 0.5, 2.0, 10.0])
+def test_regret_bound_holds_from_the_first_step_whatever_the_first_move(tau):
+    # Large temperatures and K = 1, 2, ...: the regime where a bound that charges the first step
+    # r^2 / (8 tau) instead of r fails (e.g. K = 1, tau = 1, payoffs (1, 0, 0)). sFP's first move
+    # is the logit response to the uniform belief, which is not uniform in these random games.
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        A = rng.uniform(-1, 1, size=(3, 4))
+        B = rng.uniform(-1, 1, size=(3, 4))
+        runs = [fp.stochastic_fictitious_play(A, B, 60, tau=tau, rng=rng),
+                fp.against_adversary(A, 60, tau=tau, rng=rng)]
+        r = A.max() - A.min()
+        bounds = np.array([fp.regret_bound(tau, 3, k, r) for k in range(1, 61)])
+        for run in runs:
+            assert np.all(run.average_regret(0) <= bounds + 1e-12)
+    single = fp.against_adversary(np.array([[1.0], [0.0], [0.0]]), 1, tau=1.0,
+                                  rng=np.random.default_rng(0))
+    assert single.average_regret(0)[0] <= fp.regret_bound(1.0, 3, 1, 1.0)
+    assert single.average_regret(0)[0] > 1.0 / 8  # the old first-step charge r^2/(8 tau)
+
+
+def test_plain_fictitious_play_is_exploited_by_the_adversary():
+    A, _ = fp.rock_paper_scissors()
+    run = fp.against_adversary(A, 600, tau=None, rng=np.random.default_rng(0))
+    assert run.average_regret(0)[-1] > 0.5
+    # it loses (payoff -1) whenever its best response is unique, and scores 0 at the uniform
+    # belief of every third step: two losses in three
+    expected = (run.strategies[0] * A[:, run.actions[1]].T).sum(axis=1)
+    assert set(np.round(expected, 12)) <= {0.0, -1.0}
+    np.testing.assert_allclose(np.mean(expected == -1.0), 2 / 3, atol=1e-2)
+
+
+def test_average_regret_matches_a_direct_computation():
+    A, B = fp.shapley_game()
+    run = fp.stochastic_fictitious_play(A, B, 50, tau=0.3, rng=np.random.default_rng(4))
+    a, b = run.actions
+    best = max(sum(A[i, b[t]] for t in range(50)) for i in range(3))
+    got = sum(run.strategies[0][t] @ A[:, b[t]] for t in range(50))
+    np.testing.assert_allclose(run.average_regret(0)[-1], (best - got) / 50)
+    got_real = sum(A[a[t], b[t]] for t in range(50))
+    np.testing.assert_allclose(run.average_regret(0, realized=True)[-1], (best - got_real) / 50)
+    best_col = max(sum(B[a[t], j] for t in range(50)) for j in range(3))
+    got_col = sum(run.strategies[1][t] @ B[a[t], :] for t in range(50))
+    np.testing.assert_allclose(run.average_regret(1)[-1], (best_col - got_col) / 50)
+
+
+def test_matrix_bad_input():
+    with pytest.raises(ValueError, match="same shape"):
+        fp.check_game(np.zeros((2, 3)), np.zeros((3, 2)))
+    with pytest.raises(ValueError, match="2-D"):
+        fp.fictitious_play(np.zeros(3), np.zeros(3), 5)
+    with pytest.raises(ValueError, match="NaN"):
+        fp.check_game(np.array([[np.nan, 0.0]]))
+    with pytest.raises(ValueError, match="tau"):
+        fp.stochastic_fictitious_play(*fp.rock_paper_scissors(), 5, tau=0.0)
+    with pytest.raises(ValueError, match="tau"):
+        fp.smooth_best_response([1.0, 2.0], -1.0)
+    with pytest.raises(ValueError, match="tau"):
+        fp.regret_bound(0.0, 3, 10, 1.0)
+    with pytest.raises(ValueError, match="iterations"):
+        fp.fictitious_play(*fp.rock_paper_scissors(), 0)
+    with pytest.raises(TypeError):
+        fp.fictitious_play(*fp.rock_paper_scissors(), 5, rng=3)
+    with pytest.raises(ValueError, match="player"):
+        fp.fictitious_play(*fp.rock_paper_scissors(), 5).average_regret(2)
+
+
+# --- negotiation ------------------------------------------------------------------------------
+
+
+def brute_force_utility(game, p, u):
+    """Expected payoff by enumerating every accept/reject path of one negotiation."""
+    total = 0.0
+    for path in itertools.product([0, 1], repeat=game.rounds):
+        prob = np.prod([p[h] if path[h] else 1 - p[h] for h in range(game.rounds)])
+        first = path.index(1) if 1 in path else None
+        total += prob * (u[first] if first is not None else 0.0)
+    return total
+
+
+@pytest.mark.parametrize("game, opponent", [
+    (fp.PriceGame(), fp.Seller(0.7, 1.5)),
+    (fp.ExchangeGame(), fp.Partner((0.3, 0.7), 0.5)),
+])
+def test_expected_utility_by_brute_force_and_monte_carlo(game, opponent):
+    rng = np.random.default_rng(0)
+    strategies = game.sample_strategies(rng, 6)
+    exact = fp.expected_utility(game, opponent, strategies)
+    offers = game.offers(strategies)
+    p = opponent.accept_probability(game, offers)
+    u = game.utility(offers)
+    brute = [brute_force_utility(game, p[i], u[i]) for i in range(6)]
+    np.testing.assert_allclose(exact, brute, rtol=1e-12)
+    mc = fp.simulated_utility(game, opponent, strategies, 20000, rng)
+    se = u.max() / np.sqrt(20000)
+    assert np.all(np.abs(mc - exact) < 5 * se)
+
+
+def test_play_episode_frequencies_match_the_expected_utility():
+    game, seller = fp.PriceGame(), fp.Seller(0.6, 1.0)
+    strategy = np.array([0.45, 0.05])
+    rng = np.random.default_rng(3)
+    payoffs = [fp.play_episode(game, seller, strategy, rng.random(game.rounds))[0]
+               for _ in range(4000)]
+    exact = fp.expected_utility(game, seller, strategy[None])[0]
+    assert abs(np.mean(payoffs) - exact) < 5 * np.std(payoffs) / np.sqrt(4000)
+
+
+def test_fit_logistic_matches_scikit_learn_with_weights():
+    rng = np.random.default_rng(5)
+    X = np.column_stack([np.ones(80), rng.normal(size=(80, 2))])
+    y = (rng.random(80) < fp.sigmoid(X @ np.array([0.3, 1.5, -1.0]))).astype(float)
+    c = rng.uniform(0.5, 2.0, size=80)
+    ridge = 0.7
+    ours = fp.fit_logistic(X, y, c, ridge=ridge)
+    ref = LogisticRegression(C=1 / ridge, fit_intercept=False, tol=1e-12, max_iter=10000)
+    ref.fit(X, y, sample_weight=c)
+    np.testing.assert_allclose(ours, ref.coef_[0], atol=1e-5)
+
+
+def test_soft_labels_equal_split_weights():
+    rng = np.random.default_rng(6)
+    X = np.column_stack([np.ones(30), rng.normal(size=30)])
+    y = rng.uniform(size=30)
+    soft = fp.fit_logistic(X, y, ridge=0.1)
+    split = fp.fit_logistic(np.vstack([X, X]), np.r_[np.ones(30), np.zeros(30)],
+                            np.r_[y, 1 - y], ridge=0.1)
+    np.testing.assert_allclose(soft, split, atol=1e-8)
+
+
+def test_fit_logistic_without_data_is_the_uniform_belief_and_survives_separation():
+    assert np.all(fp.fit_logistic(np.zeros((0, 4)), np.zeros(0)) == 0)
+    X = np.column_stack([np.ones(6), np.linspace(0, 1, 6)])
+    w = fp.fit_logistic(X, np.r_[np.zeros(3), np.ones(3)], ridge=1e-3)
+    assert np.all(np.isfinite(w)) and w[1] > 0
+
+
+def test_bon_choice_probabilities_against_monte_carlo_and_kl_bound():
+    rng = np.random.default_rng(7)
+    base = rng.dirichlet(np.ones(6))
+    scores = rng.normal(size=6)
+    for n in (1, 2, 4, 16):
+        probs = fp.bon_choice_probabilities(base, scores, n)
+        np.testing.assert_allclose(probs.sum(), 1.0)
+        draws = rng.choice(6, size=(20000, n), p=base)
+        picks = draws[np.arange(20000), np.argmax(scores[draws], axis=1)]
+        freq = np.bincount(picks, minlength=6) / 20000
+        assert np.all(np.abs(freq - probs) < 5 * np.sqrt(probs * (1 - probs) / 20000) + 1e-9)
+        kl = np.sum(probs[probs > 0] * np.log(probs[probs > 0] / base[probs > 0]))
+        assert kl <= np.log(n) - (n - 1) / n + 1e-12
+    np.testing.assert_allclose(fp.bon_choice_probabilities(base, scores, 1), base)
+
+
+def test_run_repeated_common_random_numbers_and_nesting():
+    game, seller = fp.PriceGame(), fp.Seller()
+    base = fp.run_repeated(game, seller, "base", episodes=8, seed=[4])
+    sfp1 = fp.run_repeated(game, seller, "sfp", episodes=8, n_candidates=1, seed=[4])
+    np.testing.assert_array_equal(base.utilities, sfp1.utilities)
+    again = fp.run_repeated(game, seller, "sfp", episodes=8, n_candidates=4, seed=[4])
+    twice = fp.run_repeated(game, seller, "sfp", episodes=8, n_candidates=4, seed=[4])
+    np.testing.assert_array_equal(again.utilities, twice.utilities)
+    pool = fp.candidate_pool(game, [4], 8)
+    for t in range(8):
+        assert any(np.array_equal(again.strategies[t], c) for c in pool[t, :4])
+    assert again.model_queries == 8 * 4 * game.rounds
+
+
+def test_oracle_best_of_n_beats_the_base_policy_on_average():
+    game, seller = fp.PriceGame(), fp.Seller()
+    gains = []
+    for r in range(10):
+        pool = fp.candidate_pool(game, [r], 1)[0, :16]
+        scores = fp.expected_utility(game, seller, pool)
+        gains.append(scores[fp.best_of_n(scores)] - scores[0])
+    assert np.all(np.array(gains) >= 0) and np.mean(gains) > 0.05
+
+
+def test_switching_opponent_cycles_types():
+    a, b = fp.Seller(0.75, 0.7), fp.Seller(0.55, 2.0)
+    sw = fp.Switching((a, b), period=3)
+    assert [sw.current(t) for t in range(7)] == [a, a, a, b, b, b, a]
+
+
+def test_seller_thresholds_fall_to_the_floor():
+    th = fp.Seller(0.8, 2.0, floor=0.3).thresholds(5)
+    assert th[0] == pytest.approx(0.8) and np.all(np.diff(th) < 0) and th[-1] > 0.3
+
+
+def test_negotiation_bad_input():
+    game, seller = fp.PriceGame(), fp.Seller()
+    with pytest.raises(ValueError, match="N"):
+        fp.run_repeated(game, seller, "sfp", episodes=3, n_candidates=0)
+    with pytest.raises(ValueError, match="method"):
+        fp.run_repeated(game, seller, "greedy", episodes=3)
+    with pytest.raises(ValueError, match="prior"):
+        fp.run_repeated(game, seller, "prior", episodes=3)
+    with pytest.raises(ValueError, match="feasible"):
+        seller.accept_probability(game, np.full((1, 5, 1), 1.5))
+    with pytest.raises(ValueError, match="feasible"):
+        fp.ExchangeGame().utility(np.full((1, 4, 2), -0.1))
+    with pytest.raises(ValueError, match="shape"):
+        game.offers(np.zeros((3, 3)))
+    with pytest.raises(ValueError, match="N"):
+        fp.bon_choice_probabilities([0.5, 0.5], [0.0, 1.0], 0)
+    with pytest.raises(ValueError, match="rollouts"):
+        fp.simulated_utility(game, seller, np.zeros((1, 2)), 0, np.random.default_rng())
+    with pytest.raises(ValueError, match="weight"):
+        fp.pseudo_data(game, game.threshold_model(0.3), -1.0)
+    with pytest.raises(ValueError, match="steepness"):
+        fp.Seller(steepness=0.0)
+    with pytest.raises(ValueError, match="floor"):
+        fp.Seller(theta0=0.2, floor=0.3)
+    with pytest.raises(ValueError, match="weights"):
+        fp.Partner(weights=(0.5, -0.1))
+    with pytest.raises(ValueError, match="coefficients"):
+        fp.LogisticModel(np.zeros(3)).accept_probability(game, game.offers(np.zeros((1, 2))))
+    with pytest.raises(ValueError, match="uniforms"):
+        fp.play_episode(game, seller, np.array([0.5, 0.0]), np.zeros(3))
