@@ -136,6 +136,22 @@ def test_shared_prediction_sums_and_the_gini_shortcut_agree_with_the_generic_pat
     assert with_shared.estimate == pytest.approx(plain.estimate, rel=1e-12)
 
 
+def test_the_mean_kernel_shortcut_agrees_with_the_generic_path(population):
+    _, y, y_hat, pi, sampled = population
+    generic = lambda u, v: au.mean_kernel(u, v)  # noqa: E731 (not the same object: no shortcut)
+    shortcut = prediction_row_sums(y_hat, au.mean_kernel)
+    assert np.allclose(shortcut, prediction_row_sums(y_hat, generic), rtol=1e-12)
+
+
+def test_paired_study_outputs_are_per_replicate():
+    result = au.StudyResult(truth=1.0, budget=10, level=0.9)
+    for estimate, std_error in ((1.5, 1.0), (0.0, 0.1)):
+        result.add("a", au.UStatEstimate(estimate, std_error, 3))
+    assert np.allclose(result.squared_errors("a"), [0.25, 1.0])
+    assert result.covered("a").tolist() == [True, False]
+    assert result.mse("a") == pytest.approx(0.625) and result.coverage("a") == 0.5
+
+
 def test_chunked_kernel_products_match_a_single_block(population, monkeypatch):
     _, y, y_hat, pi, sampled = population
     observed = np.where(sampled, y, np.nan)

@@ -125,6 +125,9 @@ def prediction_row_sums(predictions, kernel: Kernel) -> np.ndarray:
     predictions = as_records(predictions, "predictions")
     if kernel is gini_kernel:  # sum_j |a - b_j| has a closed form through the order statistics
         return gini_row_sums(predictions[:, 0], predictions[:, 0])
+    if kernel is mean_kernel:  # sum_j (a + b_j) / 2 = (n a + sum_j b_j) / 2
+        values = predictions[:, 0]
+        return (len(values) * values + values.sum()) / 2
     return kernel_matvec(predictions, predictions, np.ones(len(predictions)), kernel)
 
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
-from threadpoolctl import threadpool_limits
 
 from .estimators import as_records, check_inclusion, check_sampled, ipw_weights
 
@@ -70,7 +69,6 @@ def ranking_score_parts(X: np.ndarray, beta: np.ndarray, signs: np.ndarray):
     return psi, hessian
 
 
-@threadpool_limits.wrap(limits=1)  # n x n by n x d products: threads only contend on shared cores
 def fit_pairwise_ranking(X, labels, predictions, pi, sampled, max_iter: int = 50,
                          tol: float = 1e-10) -> RankingFit:
     r"""Minimise the AIPW pairwise ranking risk by Newton's method; sandwich covariance.

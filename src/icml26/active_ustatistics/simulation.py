@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 from sklearn.ensemble import HistGradientBoostingRegressor
-from threadpoolctl import threadpool_limits
 
 from .estimators import (
     Kernel,
@@ -112,16 +111,10 @@ def gini_oracle_scores(design: SyntheticDesign, projection: SortedProjection,
 
 
 def fit_regressor(X, y, seed: int) -> Callable[[np.ndarray], np.ndarray]:
-    """A gradient-boosted regression tree model, returned as its (single-threaded) predict."""
+    """A gradient-boosted regression tree model, returned as its predict function."""
     model = HistGradientBoostingRegressor(max_iter=100, learning_rate=0.1, random_state=seed)
-    with threadpool_limits(1):  # OpenMP threads thrash on shared, oversubscribed cores
-        model.fit(X, y)
-
-    def predict(X_new) -> np.ndarray:
-        with threadpool_limits(1):
-            return model.predict(X_new)
-
-    return predict
+    model.fit(X, y)
+    return model.predict
 
 
 def fit_uncertainty(X, y, predictor, target: Target, seed: int):
@@ -223,12 +216,20 @@ class StudyResult:
         self.std_errors.setdefault(name, []).append(result.std_error)
         self.labels.setdefault(name, []).append(result.n_labels)
 
+    def squared_errors(self, name: str) -> np.ndarray:
+        """Per-replicate squared errors: paired across designs, which share every replicate."""
+        return (np.asarray(self.estimates[name]) - self.truth) ** 2
+
     def mse(self, name: str) -> float:
-        return float(np.mean((np.asarray(self.estimates[name]) - self.truth) ** 2))
+        return float(np.mean(self.squared_errors(name)))
+
+    def covered(self, name: str) -> np.ndarray:
+        """Per-replicate 0/1: did the design's interval cover the truth?"""
+        half = self._half_width(name)
+        return np.abs(np.asarray(self.estimates[name]) - self.truth) <= half
 
     def coverage(self, name: str) -> float:
-        half = self._half_width(name)
-        return float(np.mean(np.abs(np.asarray(self.estimates[name]) - self.truth) <= half))
+        return float(np.mean(self.covered(name)))
 
     def width(self, name: str) -> float:
         return float(2 * np.mean(self._half_width(name)))
@@ -246,7 +247,6 @@ class StudyResult:
         return pd.DataFrame(rows).T
 
 
-@threadpool_limits.wrap(limits=1)  # many small BLAS calls: threads only contend on shared cores
 def run_study(world: World, designs: dict[str, Inclusion | None], n: int, budget: float,
               replicates: int, seed: int, level: float = 0.9) -> StudyResult:
     """Repeat: draw n pool units, choose pi, Poisson-sample, estimate with every design.
