@@ -4,7 +4,9 @@ The policy is a softmax over strategies (``lazy``, ``fuse``, ``decoy``). Each ro
 strategy, an environment returns its :class:`Outcomes` (correct? measured and true speed-up,
 profiled coverage, caught as a hack?), :func:`kernel_reward` turns them into a reward (Eq.
 ``eq-drk-reward``, with the profiling-based term of PR), :func:`prs_keep` draws the PRS mask (Eq.
-``eq-drk-prs``), and :func:`train_policy` runs REINFORCE with the leave-one-out baseline.
+``eq-drk-prs``), and :func:`train_policies` runs REINFORCE with the leave-one-out baseline on
+several independent replicates at once (:func:`train_policy` runs one). :func:`arm_statistics`
+and :func:`expected_update` give the exact expected update of one step (Eq. ``eq-drk-drift``).
 """
 
 from __future__ import annotations
@@ -53,9 +55,10 @@ class RewardConfig:
     hack_penalty: float = -1.0
     prs_threshold: float = 0.3
     prs_scale: float = 0.1
+    mask_before_baseline: bool = False  # the released order is False: baseline over the group
 
     def __post_init__(self):
-        for name in ("hack_check", "profiling_reward", "rejection"):
+        for name in ("hack_check", "profiling_reward", "rejection", "mask_before_baseline"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool")
         if self.prs_scale <= 0:
@@ -63,7 +66,7 @@ class RewardConfig:
 
 
 def kernel_reward(out: Outcomes, config: RewardConfig) -> np.ndarray:
-    """Eq. ``eq-drk-reward``: ``1 + clip(s) [+ w kappa]`` if correct, 0 if not, a penalty if caught."""
+    """Eq. ``eq-drk-reward``: ``1 + clip(s) [+ w kappa]`` if correct, else 0 or a penalty."""
     low, high = config.speedup_clip
     reward = np.where(out.correct, 1.0 + np.clip(out.measured_speedup, low, high), 0.0)
     if config.profiling_reward:
@@ -74,11 +77,15 @@ def kernel_reward(out: Outcomes, config: RewardConfig) -> np.ndarray:
 
 
 def prs_keep_probability(out: Outcomes, config: RewardConfig) -> np.ndarray:
-    """Eq. ``eq-drk-prs``: ``clip((kappa - tau) / s, 0, 1)`` for correct samples, 1 otherwise."""
+    """Eq. ``eq-drk-prs``: ``clip((kappa - tau) / s, 0, 1)`` for correct samples, 1 otherwise.
+
+    A sample the hacking check catches counts as a failure (it earned the penalty), so PRS keeps it.
+    """
     if not config.rejection:
         return np.ones(out.correct.shape)
     p = np.clip((out.coverage - config.prs_threshold) / config.prs_scale, 0.0, 1.0)
-    return np.where(out.correct, p, 1.0)
+    judged_correct = out.correct & ~(out.hacked & config.hack_check)
+    return np.where(judged_correct, p, 1.0)
 
 
 def prs_keep(out: Outcomes, config: RewardConfig, rng: np.random.Generator) -> np.ndarray:
@@ -112,7 +119,7 @@ class PolicyRun:
 
     policy: np.ndarray  # (steps + 1, strategies)
     fast12: np.ndarray  # (steps,) share of rollouts correct, not hacked and truly >= 1.2x
-    hacked: np.ndarray  # (steps,) share of rollouts caught (or, without the check, undetected) hacks
+    hacked: np.ndarray  # (steps,) share of rollouts that are hacks
 
     @property
     def final(self) -> np.ndarray:
@@ -124,39 +131,131 @@ class PolicyRun:
         return float(self.fast12[-k:].mean())
 
 
+def _check_positive_int(value, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def _softmax(theta: np.ndarray) -> np.ndarray:
+    z = np.exp(theta - theta.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+def policy_gradient(environment: Callable[[np.ndarray, np.random.Generator], Outcomes],
+                    config: RewardConfig, pi, *, group_size: int,
+                    rng: np.random.Generator) -> tuple[np.ndarray, Outcomes]:
+    """One group per row of ``pi`` (shape ``(R, S)``): the gradient estimate of each group.
+
+    Draw ``group_size`` strategies from each row, get outcomes and rewards, compute leave-one-out
+    advantages (Eq. ``eq-drk-trloo`` with one turn) over the whole group, as the released trainer
+    does, or over the kept samples only if ``config.mask_before_baseline``, and return
+    ``(1/K) sum_i m_i A_i (e_{a_i} - pi)`` (shape ``(R, S)``, its mean is Eq. ``eq-drk-drift``)
+    with the outcomes.
+    """
+    if not isinstance(config, RewardConfig):
+        raise TypeError("config must be a RewardConfig")
+    group_size = _check_positive_int(group_size, "group size", 2)
+    pi = np.asarray(pi, dtype=float)
+    if pi.ndim != 2 or pi.shape[1] < 2:
+        raise ValueError(f"pi must have shape (groups, strategies >= 2), got {pi.shape}")
+    if np.any(pi < 0) or not np.allclose(pi.sum(1), 1.0):
+        raise ValueError("every row of pi must be a probability vector")
+    groups, strategies = pi.shape
+    u = rng.random((groups, group_size, 1))
+    choice = np.minimum((u > np.cumsum(pi, -1)[:, None, :]).sum(-1), strategies - 1)
+    out = environment(choice, rng)
+    if np.shape(out.correct) != choice.shape:
+        raise ValueError(f"the environment returned outcomes of shape {np.shape(out.correct)} "
+                         f"for choices of shape {choice.shape}")
+    reward = kernel_reward(out, config)
+    keep = prs_keep(out, config, rng)
+    members = keep if config.mask_before_baseline else np.ones(keep.shape, dtype=bool)
+    adv = group_advantages(reward, members, "trloo")
+    onehot = np.eye(strategies)[choice]
+    grad = ((keep * adv)[..., None] * (onehot - pi[:, None, :])).sum(1) / group_size
+    return grad, out
+
+
+def train_policies(environment: Callable[[np.ndarray, np.random.Generator], Outcomes],
+                   config: RewardConfig, *, replicates: int, steps: int, group_size: int = 16,
+                   lr: float = 0.1, rng: np.random.Generator, strategies: int = 3,
+                   ) -> list[PolicyRun]:
+    """REINFORCE on softmax logits with the leave-one-out baseline and the PRS mask.
+
+    ``replicates`` independent policies start from uniform and train side by side (one array
+    operation per step, one generator); each step is one :func:`policy_gradient` group per
+    replicate, ``theta += lr * gradient``.
+    """
+    replicates = _check_positive_int(replicates, "replicates")
+    steps = _check_positive_int(steps, "steps")
+    strategies = _check_positive_int(strategies, "strategies", 2)
+    theta = np.zeros((replicates, strategies))
+    policy = np.empty((steps + 1, replicates, strategies))
+    fast = np.empty((steps, replicates))
+    hacked = np.empty((steps, replicates))
+    for step in range(steps):
+        pi = _softmax(theta)
+        policy[step] = pi
+        grad, out = policy_gradient(environment, config, pi, group_size=group_size, rng=rng)
+        theta = theta + lr * grad
+        fast[step] = np.mean(out.correct & ~out.hacked & (out.true_speedup >= 1.2), -1)
+        hacked[step] = np.mean(out.hacked, -1)
+    policy[steps] = _softmax(theta)
+    return [PolicyRun(policy[:, r], fast[:, r], hacked[:, r]) for r in range(replicates)]
+
+
 def train_policy(environment: Callable[[np.ndarray, np.random.Generator], Outcomes],
                  config: RewardConfig, *, steps: int, group_size: int = 16, lr: float = 0.1,
                  rng: np.random.Generator, strategies: int = 3) -> PolicyRun:
-    """REINFORCE on softmax logits with the leave-one-out baseline and the PRS mask.
+    """One run of :func:`train_policies`."""
+    return train_policies(environment, config, replicates=1, steps=steps, group_size=group_size,
+                          lr=lr, rng=rng, strategies=strategies)[0]
 
-    Per step: draw ``group_size`` strategies, get outcomes and rewards, compute leave-one-out
-    advantages over the whole group (Eq. ``eq-drk-trloo`` with one turn), then mask the rejected
-    samples out of the gradient ``(1/K) sum_i m_i A_i (e_{a_i} - pi)``.
-    """
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral):
-        raise TypeError("group_size must be an integer")
-    if group_size < 2:
-        raise ValueError(f"group size must be at least 2, got {group_size}")
-    theta = np.zeros(strategies)
-    policy = np.empty((steps + 1, strategies))
-    fast = np.empty(steps)
-    hacked = np.empty(steps)
-    eye = np.eye(strategies)
-    for step in range(steps):
-        pi = np.exp(theta - theta.max())
-        pi /= pi.sum()
-        policy[step] = pi
-        choice = rng.choice(strategies, size=group_size, p=pi)
-        out = environment(choice, rng)
+
+@dataclass(frozen=True)
+class ArmStatistics:
+    """Per strategy: mean reward ``E[r|k]``, mean kept reward ``E[m r|k]`` and keep rate
+    ``E[m|k]`` (Monte Carlo over the environment), with the standard errors of the first two."""
+
+    reward: np.ndarray
+    kept_reward: np.ndarray
+    keep_rate: np.ndarray
+    reward_se: np.ndarray
+    kept_reward_se: np.ndarray
+
+
+def arm_statistics(environment: Callable[[np.ndarray, np.random.Generator], Outcomes],
+                   config: RewardConfig, rng: np.random.Generator, *, draws: int = 100_000,
+                   strategies: int = 3) -> ArmStatistics:
+    """Estimate the ingredients of Eq. ``eq-drk-drift`` from ``draws`` rollouts of each strategy."""
+    draws = _check_positive_int(draws, "draws", 2)
+    stats = {key: [] for key in ("r", "mr", "m", "r_se", "mr_se")}
+    for k in range(_check_positive_int(strategies, "strategies", 2)):
+        out = environment(np.full(draws, k), rng)
         reward = kernel_reward(out, config)
-        adv = group_advantages(reward[None], np.ones((1, group_size), bool), "trloo")[0]
-        keep = prs_keep(out, config, rng)
-        grad = ((keep * adv)[:, None] * (eye[choice] - pi)).sum(0) / group_size
-        theta = theta + lr * grad
-        fast[step] = np.mean(out.correct & ~out.hacked & (out.true_speedup >= 1.2))
-        hacked[step] = np.mean(out.hacked)
-    pi = np.exp(theta - theta.max())
-    policy[steps] = pi / pi.sum()
-    return PolicyRun(policy, fast, hacked)
+        keep = prs_keep_probability(out, config)  # the mask's conditional mean: no extra noise
+        for key, values in (("r", reward), ("mr", keep * reward), ("m", keep)):
+            stats[key].append(values.mean())
+            if key != "m":
+                stats[key + "_se"].append(values.std(ddof=1) / np.sqrt(draws))
+    return ArmStatistics(*(np.array(stats[k]) for k in ("r", "mr", "m", "r_se", "mr_se")))
+
+
+def expected_update(pi, arms: ArmStatistics, *, baseline: float | None = None) -> np.ndarray:
+    """Exact expected REINFORCE step direction ``E[(1/K) sum_i m_i A_i (e_{a_i} - pi)]``.
+
+    Eq. ``eq-drk-drift``: with ``u_k = E[m r|k] - E[m|k] beta``, the component ``k`` is
+    ``pi_k (u_k - sum_j pi_j u_j)``. ``beta`` is the mean of the leave-one-out baseline; over the
+    whole group (the released order) it is ``E_pi[r]``, the default.
+    """
+    pi = np.asarray(pi, dtype=float)
+    if pi.shape[-1] != arms.reward.size:
+        raise ValueError(f"pi has {pi.shape[-1]} strategies, the statistics {arms.reward.size}")
+    if np.any(pi < 0) or not np.allclose(pi.sum(-1), 1.0):
+        raise ValueError("pi must be a probability vector")
+    beta = pi @ arms.reward if baseline is None else baseline
+    u = arms.kept_reward - arms.keep_rate * np.asarray(beta)[..., None]
+    return pi * (u - (pi * u).sum(-1, keepdims=True))

@@ -97,7 +97,7 @@ def group_advantages(returns, valid, method: str, *, eps: float = 1e-6) -> np.nd
 
 
 def returns_to_go(rewards, gamma: float = 1.0) -> np.ndarray:
-    """``G_t = sum_{k >= t} gamma^(k - t) r_k`` along the last axis (turns), Eq. ``eq-drk-return``."""
+    """``G_t = sum_{k >= t} gamma^(k - t) r_k`` along the last axis, Eq. ``eq-drk-return``."""
     rewards = np.asarray(rewards, dtype=float)
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must lie in [0, 1], got {gamma}")
@@ -165,7 +165,7 @@ class RefinementProcess:
         return self.survival() * REWARD_MEAN * p * (1 - p)
 
     def grpo_prediction(self) -> np.ndarray:
-        """The expected GRPO / true-gradient ratio ``1 - P(N_t >= 1) / E[N_t]``, Eq. ``eq-drk-shrink``.
+        """Expected GRPO / true-gradient ratio ``1 - P(N_t >= 1) / E[N_t]``, Eq. ``eq-drk-shrink``.
 
         ``N_t ~ Binomial(K, a_t)`` counts the valid rollouts of a group at turn ``t``.
         """
@@ -249,8 +249,9 @@ def train_refinement(process: RefinementProcess, method: str, *, steps: int, gro
     return curve
 
 
-def mismatch_keep(logp_train, logp_rollout, mask=None, *, band: tuple[float, float] = (0.999, 1.001),
-                  veto: float = 1e-4) -> tuple[np.ndarray, np.ndarray]:
+def mismatch_keep(logp_train, logp_rollout, mask=None, *,
+                  band: tuple[float, float] = (0.999, 1.001), veto: float = 1e-4,
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """Mismatch rejection: keep a sequence iff its geometric-mean ratio lies in ``band``, Eq.
     ``eq-drk-mrs``, and no token ratio falls below ``veto``.
 
