@@ -54,7 +54,7 @@ def check_representation(G: np.ndarray, lam) -> np.ndarray:
         lam = lam.detach().cpu().numpy()
     lam = np.asarray(lam, dtype=float)
     if lam.ndim not in (1, 2):
-        raise ValueError(f"a representation is a vector or a batch of vectors, got shape {lam.shape}")
+        raise ValueError(f"a representation is a vector or a batch of vectors, got {lam.shape}")
     if lam.shape[-1] != G.shape[1]:
         raise ValueError(f"the representation has width {lam.shape[-1]}, "
                          f"but the unembedding expects width {G.shape[1]}")
@@ -82,7 +82,7 @@ def check_probabilities(p, name: str = "p") -> np.ndarray:
     """Rows of non-negative numbers summing to one."""
     p = np.asarray(p, dtype=float)
     if p.ndim not in (1, 2) or p.shape[-1] < 2:
-        raise ValueError(f"{name} must be a distribution or a batch of distributions, got {p.shape}")
+        raise ValueError(f"{name} must be a distribution or a batch of them, got {p.shape}")
     if not np.all(np.isfinite(p)) or np.any(p < 0):
         raise ValueError(f"{name} must be finite and non-negative")
     if not np.allclose(p.sum(axis=-1), 1.0, atol=1e-8):
@@ -122,7 +122,12 @@ def fisher_metric(G, lam) -> np.ndarray:
     G = check_unembedding(G)
     p = probabilities(G, lam)
     mu = p @ G
-    second = np.einsum("...v,vi,vj->...ij", p, G, G)
+    if p.ndim == 1:
+        second = (G.T * p) @ G
+    elif len(p):  # one BLAS product per context: faster than a broadcast batched matmul
+        second = np.stack([(G.T * row) @ G for row in p])
+    else:
+        second = np.zeros((0, G.shape[1], G.shape[1]))
     return second - mu[..., :, None] * mu[..., None, :]
 
 
@@ -265,7 +270,7 @@ def dual_interpolation(G, lam0, lam1, s) -> np.ndarray:
 
 
 def kl_projection(G, lam0, w, level: float, *, tol: float = 1e-12) -> np.ndarray:
-    """``argmin_lam KL(p_{lam0} || p_lam)`` subject to ``<w, lam> = level``, Eq. ``eq-dst-projection``.
+    """``argmin_lam KL(p_{lam0} || p_lam)`` s.t. ``<w, lam> = level``, Eq. ``eq-dst-projection``.
 
     Solved directly (L-BFGS over the hyperplane, coordinates ``lam = level w/|w|^2 + B z`` with
     ``B`` an orthonormal basis of the complement of ``w``), without using the theorem that the
@@ -306,7 +311,7 @@ def pythagorean_residual(G, lam0, lam_star, lam_other) -> float:
 
 
 def dual_line_residual(G, lam0, lam, w) -> float:
-    """``|P_{w-perp}(mu(lam) - mu(lam0))| / |mu(lam) - mu(lam0)|``: 0 when ``lam`` is on the dual line."""
+    """``|P_perp(mu(lam) - mu(lam0))| / |mu(lam) - mu(lam0)|``: 0 on the dual line through lam0."""
     G = check_unembedding(G)
     w = check_direction(w, G.shape[1])
     delta = mean_parameter(G, lam) - mean_parameter(G, lam0)
@@ -321,7 +326,7 @@ def _check_xy(X, y):
     X = np.asarray(X, dtype=float)
     y = np.asarray(y)
     if X.ndim != 2 or y.shape != (X.shape[0],):
-        raise ValueError(f"need X of shape (n, d) and labels of shape (n,), got {X.shape}, {y.shape}")
+        raise ValueError(f"need X (n, d) and labels (n,), got {X.shape} and {y.shape}")
     if set(np.unique(y).tolist()) != {0, 1}:
         raise ValueError("labels must be 0 and 1, both present")
     return X, y.astype(int)
@@ -334,12 +339,28 @@ def mean_difference_probe(X, y) -> np.ndarray:
 
 
 def logistic_probe(X, y, C: float = 1.0) -> tuple[np.ndarray, float]:
-    """A logistic-regression probe ``sigma(<w, x> + b)``; returns ``(w, b)``."""
-    from sklearn.linear_model import LogisticRegression
+    """A logistic-regression probe ``sigma(<w, x> + b)``; returns ``(w, b)``.
 
+    Minimises ``C * sum_i log(1 + exp(-s_i (<w, x_i> + b))) + |w|^2 / 2`` with ``s_i = 2 y_i - 1``
+    (the intercept is not penalised) by L-BFGS: the objective of scikit-learn's
+    ``LogisticRegression(C=C)``, which the unit tests use as the oracle.
+    """
     X, y = _check_xy(X, y)
-    model = LogisticRegression(C=check_positive(C, "C"), max_iter=2000).fit(X, y)
-    return model.coef_[0].copy(), float(model.intercept_[0])
+    C = check_positive(C, "C")
+    sign = 2.0 * y - 1.0
+    Xb = np.hstack([X, np.ones((X.shape[0], 1))])
+
+    def objective(theta):
+        margin = sign * (Xb @ theta)
+        loss = C * np.logaddexp(0.0, -margin).sum() + 0.5 * theta[:-1] @ theta[:-1]
+        weight = -C * sign * np.exp(-np.logaddexp(0.0, margin))  # d loss / d score
+        grad = Xb.T @ weight
+        grad[:-1] += theta[:-1]
+        return loss, grad
+
+    res = minimize(objective, np.zeros(Xb.shape[1]), jac=True, method="L-BFGS-B",
+                   options=dict(maxiter=5000, gtol=1e-10, ftol=0.0))
+    return res.x[:-1].copy(), float(res.x[-1])
 
 
 def probe_accuracy(X, y, w, b: float = 0.0) -> float:
@@ -389,7 +410,7 @@ def offtarget_kl(p0, p, base, target) -> np.ndarray | float:
 
 
 def rank_change(p0, p, base, target, top: int = 10) -> np.ndarray | float:
-    """Mean absolute change of rank, in the merged distribution, of the ``top`` merged outcomes of ``p0``."""
+    """Mean absolute rank change, in the merged distribution, of the ``top`` outcomes of ``p0``."""
     q0 = np.atleast_2d(merge_pairs(p0, base, target))
     q = np.atleast_2d(merge_pairs(p, base, target))
     top = check_count(top, "top", 1)
@@ -429,12 +450,13 @@ def steering_direction(G, lam, w, alpha: float) -> np.ndarray:
 @dataclass
 class SteeringResult:
     """Where steering stopped for each context: the representation, whether the target ratio was
-    reached, the steps taken, and the arc length travelled in representation space."""
+    reached, the steps taken, and the Euclidean distance ``|lam - lam0|`` from the start (not the
+    arc length of the path)."""
 
     lam: np.ndarray
     reached: np.ndarray
     steps: np.ndarray
-    length: np.ndarray
+    distance: np.ndarray
 
 
 def steer_to_ratio(G, lam0, w, base, target, *, ratio: float = 0.9, alpha: float = math.inf,
@@ -452,12 +474,19 @@ def steer_to_ratio(G, lam0, w, base, target, *, ratio: float = 0.9, alpha: float
     lam0 = np.atleast_2d(check_representation(G, lam0))
     w = check_direction(w, G.shape[1])
     base, target = check_pairs(base, target, G.shape[0])
-    if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not 0 < ratio < 1:
-        raise ValueError(f"the target ratio must lie strictly between 0 and 1, got {ratio!r}; "
-                         "a ratio of 0 or 1 is outside the attainable range of the softmax")
+    n = lam0.shape[0]
+    if isinstance(ratio, bool) or not isinstance(ratio, (numbers.Real, np.ndarray, list, tuple)):
+        raise TypeError(f"the target ratio must be a number or an array, got {ratio!r}")
+    ratio = np.asarray(ratio, dtype=float)
+    if ratio.ndim == 0:
+        ratio = np.full(n, float(ratio))
+    if ratio.shape != (n,):
+        raise ValueError(f"need one target ratio or one per context ({n}), got shape {ratio.shape}")
+    if not np.all((ratio > 0) & (ratio < 1)):
+        raise ValueError("the target ratio must lie strictly between 0 and 1; a ratio of 0 or 1 "
+                         "is outside the attainable range of the softmax")
     step = check_positive(step, "step")
     max_steps = check_count(max_steps, "max_steps", 1)
-    n = lam0.shape[0]
     lam = lam0.copy()
     mu0 = mean_parameter(G, lam0)
     what = w / np.linalg.norm(w)
@@ -475,12 +504,12 @@ def steer_to_ratio(G, lam0, w, base, target, *, ratio: float = 0.9, alpha: float
             off = delta - (delta @ what)[:, None] * what
             new = new - np.linalg.solve(fisher_metric(G, new), off[..., None])[..., 0]
         r_new = target_ratio(probabilities(G, new), base, target)
-        hit = r_new >= ratio
+        hit = r_new >= ratio[idx]
         for j in np.flatnonzero(hit):
             lo, hi = cur[j], new[j]
             for _b in range(bisections):
                 mid = 0.5 * (lo + hi)
-                if target_ratio(probabilities(G, mid), base, target) >= ratio:
+                if target_ratio(probabilities(G, mid), base, target) >= ratio[idx[j]]:
                     hi = mid
                 else:
                     lo = mid
@@ -489,8 +518,8 @@ def steer_to_ratio(G, lam0, w, base, target, *, ratio: float = 0.9, alpha: float
         steps[idx] += 1
         reached[idx[hit]] = True
         active[idx[hit]] = False
-    length = np.linalg.norm(lam - lam0, axis=-1)
-    return SteeringResult(lam, reached, steps, length)
+    distance = np.linalg.norm(lam - lam0, axis=-1)
+    return SteeringResult(lam, reached, steps, distance)
 
 
 def steering_path(G, lam0, w, *, alpha: float = math.inf, step: float = 0.05,
@@ -630,13 +659,14 @@ class BagModel(torch.nn.Module):
         return self.unembed(self.representation(ctx))
 
     @property
-    def G(self) -> np.ndarray:
+    def G(self) -> np.ndarray:  # noqa: N802 - the chapter's symbol for the unembedding
         return self.unembed.weight.detach().double().numpy().copy()
 
 
 def train_bag_model(language: BilingualLanguage, *, d: int = 12, steps: int = 1500,
-                    batch_size: int = 256, lr: float = 3e-3, seed: int = 0) -> tuple[BagModel, list]:
-    """Train :class:`BagModel` on fresh samples of ``language`` with Adam; returns (model, losses)."""
+                    batch_size: int = 256, lr: float = 3e-3,
+                    seed: int = 0) -> tuple[BagModel, list]:
+    """Train :class:`BagModel` with Adam on samples of ``language``; returns (model, losses)."""
     steps = check_count(steps, "steps", 1)
     rng = np.random.default_rng(seed + 1)
     model = BagModel(language.vocab_size, d=check_count(d, "d", 2), seed=seed)
@@ -651,7 +681,7 @@ def train_bag_model(language: BilingualLanguage, *, d: int = 12, steps: int = 15
         optimiser.zero_grad()
         loss.backward()
         optimiser.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return model, losses
 
 
@@ -659,3 +689,51 @@ def representations(model: BagModel, ctx) -> np.ndarray:
     """The representations ``lam`` of contexts, as float64 ``(n, d)``."""
     with torch.no_grad():
         return model.representation(torch.as_tensor(ctx)).double().numpy()
+
+
+def pair_spread_head(G, base, target, spread: float) -> np.ndarray:
+    """A copy of ``G`` whose pair differences are ``delta + spread * (g_target - g_base - delta)``.
+
+    ``delta`` is the mean pair difference. ``spread = 1`` returns ``G``; ``spread = 0`` makes every
+    counterfactual pair differ by the same vector, so that the target ratio is exactly
+    ``sigmoid(<delta, lam>)`` (Eq. ``eq-dst-parallel``). Base rows and all other rows are kept.
+    """
+    G = check_unembedding(G).copy()
+    base, target = check_pairs(base, target, G.shape[0])
+    if isinstance(spread, bool) or not isinstance(spread, numbers.Real) or spread < 0:
+        raise ValueError(f"spread must be a non-negative number, got {spread!r}")
+    diff = G[target] - G[base]
+    delta = diff.mean(axis=0)
+    G[target] = G[base] + delta + spread * (diff - delta)
+    return G
+
+
+def pair_direction(G, base, target) -> np.ndarray:
+    """The mean pair difference ``delta = mean_k (g(target_k) - g(base_k))`` of the unembedding."""
+    G = check_unembedding(G)
+    base, target = check_pairs(base, target, G.shape[0])
+    return (G[target] - G[base]).mean(axis=0)
+
+
+def steering_trace(G, lam0, w, base, target, *, alpha: float = math.inf, step: float = 0.1,
+                   steps: int = 100) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steer a batch of contexts for a fixed number of steps of Eq. ``eq-dst-steer``.
+
+    Returns ``(ratio, offtarget, full)``, each ``(steps + 1, n)``: the target ratio, the
+    off-target KL and the full KL from the start after every step (no Newton correction).
+    """
+    G = check_unembedding(G)
+    lam = np.atleast_2d(check_representation(G, lam0)).copy()
+    base, target = check_pairs(base, target, G.shape[0])
+    steps = check_count(steps, "steps", 1)
+    step = check_positive(step, "step")
+    p0 = probabilities(G, lam)
+    ratios, off, full = [], [], []
+    for k in range(steps + 1):
+        if k:
+            lam = lam + step * steering_direction(G, lam, w, alpha)
+        p = probabilities(G, lam)
+        ratios.append(target_ratio(p, base, target))
+        off.append(offtarget_kl(p0, p, base, target))
+        full.append(kl_divergence(p0, p))
+    return np.array(ratios), np.array(off), np.array(full)
