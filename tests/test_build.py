@@ -9,18 +9,10 @@ from pathlib import Path
 import nbformat
 import pytest
 import yaml
+from test_pipeline import NOTEBOOK_HEADER as HEADER
 
 from icml26.toolchain import cli, pipeline
 
-HEADER = """---
-jupytext:
-  text_representation:
-    format_name: myst
-kernelspec:
-  name: python3
-  display_name: Python 3
----
-"""
 PARAMETERS = "```{code-cell} ipython3\n:tags: [parameters]\nTIER = 'smoke'\nSEED = 0\n```\n"
 CLAIMS = """```{code-cell} ipython3
 from icml26.claims import ClaimsCheck, threshold
