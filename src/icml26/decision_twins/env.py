@@ -43,7 +43,7 @@ def angle_normalize(theta: torch.Tensor) -> torch.Tensor:
 
 
 def pendulum_reward(state: torch.Tensor, torque: torch.Tensor) -> torch.Tensor:
-    """Reward of ``Pendulum-v1`` for a state and a torque (clipped here), Eq. ``eq-dt2-pendulum``."""
+    """Reward of ``Pendulum-v1`` for a state and a (clipped) torque, Eq. ``eq-dt2-pendulum``."""
     state = _check_state(state)
     u = torch.clamp(torque, -MAX_TORQUE, MAX_TORQUE)
     theta, theta_dot = state[..., 0], state[..., 1]
@@ -81,13 +81,16 @@ def reset_states(n: int, rng: np.random.Generator) -> torch.Tensor:
 # --- Policies -----------------------------------------------------------------------------------
 
 
-def check_gains(gains: torch.Tensor) -> torch.Tensor:
-    """Validate a ``(P, 3)`` tensor of controller gains; an empty policy set is an error."""
+def check_gains(gains: torch.Tensor, batched: bool = False) -> torch.Tensor:
+    """Validate a ``(P, 3)`` tensor of controller gains (``(M, P, 3)``, one set per model, when
+    ``batched``); an empty policy set is an error."""
     if not isinstance(gains, torch.Tensor):
         raise TypeError(f"gains must be a torch tensor, got {type(gains).__name__}")
-    if gains.ndim != 2 or gains.shape[1] != 3:
-        raise ValueError(f"gains must have shape (P, 3), got {tuple(gains.shape)}")
-    if gains.shape[0] == 0:
+    ndims = (2, 3) if batched else (2,)
+    if gains.ndim not in ndims or gains.shape[-1] != 3:
+        shape = "(P, 3) or (M, P, 3)" if batched else "(P, 3)"
+        raise ValueError(f"gains must have shape {shape}, got {tuple(gains.shape)}")
+    if gains.shape[-2] == 0:
         raise ValueError("the policy set is empty: give at least one policy")
     if not torch.isfinite(gains).all():
         raise ValueError("gains contain NaN or infinite values")
@@ -97,14 +100,14 @@ def check_gains(gains: torch.Tensor) -> torch.Tensor:
 def policy_torque(gains: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
     """Torques of ``P`` controllers, Eq. ``eq-dt2-policy``.
 
-    ``gains`` has shape ``(P, 3)``; ``state`` has shape ``(..., P, B, 2)`` (policy ``p`` acts on
-    the states ``[..., p, :, :]``). Returns ``(..., P, B)``:
+    ``gains`` has shape ``(P, 3)`` or ``(M, P, 3)``; ``state`` has shape ``(..., P, B, 2)``
+    (policy ``p`` acts on the states ``[..., p, :, :]``). Returns ``(..., P, B)``:
     ``clip(k1 sin(theta) + k2 theta_dot + k3 (1 - cos(theta)) tanh(2 theta_dot), -2, 2)``.
     """
-    gains = check_gains(gains)
+    gains = check_gains(gains, batched=True)
     state = _check_state(state)
-    if state.ndim < 3 or state.shape[-3] != gains.shape[0]:
-        raise ValueError(f"state must have shape (..., P={gains.shape[0]}, B, 2), "
+    if state.ndim < gains.ndim + 1 or state.shape[-3] != gains.shape[-2]:
+        raise ValueError(f"state must have shape (..., P={gains.shape[-2]}, B, 2), "
                          f"got {tuple(state.shape)}")
     k = gains.to(state.dtype).unsqueeze(-2)  # (P, 1, 3): broadcast over B
     theta, theta_dot = state[..., 0], state[..., 1]

@@ -45,20 +45,23 @@ class Config:
     n_train: int = 12
     n_unseen: int = 16
     n_behaviour: int = 3
-    episodes: int = 200
+    episodes: int = 100
     steps: int = 50
     heldout_episodes: int = 50
-    noise: float = 1.0
-    horizon: int = 30
+    noise: float = 2.0
+    horizon: int = 20
     gamma: float = 0.99
     truth_starts: int = 1024
-    fqe_features: int = 200
+    fqe_features: int = 100
+    fqe_lengthscale: float = 1.0
     linear_weights: tuple[float, ...] = (0.0, 0.3, 1.0, 3.0, 10.0)
     mlp_weights: tuple[float, ...] = (0.0, 1.0, 3.0)
     dt2_weight: float = 1.0
-    linear_steps: int = 200
-    mlp_pretrain: int = 600
-    mlp_steps: int = 200
+    linear_steps: int = 100
+    linear_lr: float = 1e-2
+    mlp_pretrain: int = 500
+    mlp_steps: int = 150
+    mlp_lr: float = 3e-3
     hidden: int = 32
     n_starts: int = 32
     run_mlp: bool = True
@@ -107,14 +110,15 @@ def make_replicate(seed: int, config: Config) -> Replicate:
     mc_starts = reset_states(config.truth_starts, rng)
     truth = true_values(torch.cat([train, unseen]), mc_starts, config.horizon, config.gamma)
     fqe = fitted_q_evaluation(data, torch.cat([train, unseen]), config.horizon, config.gamma,
-                              n_features=config.fqe_features, rng=rng)
+                              n_features=config.fqe_features,
+                              lengthscale=config.fqe_lengthscale, rng=rng)
     k = config.n_train
     return Replicate(train, unseen, data, heldout, truth[:k], truth[k:], fqe[:k], fqe[k:])
 
 
 @dataclass(frozen=True)
 class Variant:
-    """A twin trained with ranking weight ``weight`` against ``labels`` (``"fqe"`` or ``"true"``)."""
+    """A twin class with ranking weight ``weight`` and ``labels`` ``"fqe"`` or ``"true"``."""
 
     twin: str
     weight: float
@@ -137,6 +141,7 @@ class Study:
     metrics: dict[Variant, dict[str, np.ndarray]] = field(default_factory=dict)
     values: dict[Variant, dict[str, np.ndarray]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    logs: dict = field(default_factory=dict)
 
     def metric(self, twin: str, weight: float, name: str, labels: str = "fqe") -> np.ndarray:
         return self.metrics[Variant(twin, float(weight), labels)][name]
@@ -157,8 +162,9 @@ class Study:
         return out
 
 
-def _stack(reps: list[Replicate], variants: int, attr: str, field_name: str) -> torch.Tensor:
-    tensors = [getattr(getattr(r, attr), field_name) for r in reps]
+def _stack(reps: list[Replicate], variants: int, attr: str, name: str) -> torch.Tensor:
+    """``getattr(rep, attr).name`` stacked over replicates, repeated for each variant."""
+    tensors = [getattr(getattr(r, attr), name) if name else getattr(r, attr) for r in reps]
     return torch.stack(tensors).repeat_interleave(variants, dim=0)
 
 
@@ -167,71 +173,103 @@ def _delta_scale(reps: list[Replicate]) -> torch.Tensor:
     return deltas.std(dim=0).float()
 
 
-def _evaluate(study: Study, twin: BatchedTwin, variants: list[Variant]) -> None:
+def _transitions(reps: list[Replicate], V: int, attr: str = "data"):
+    return tuple(_stack(reps, V, attr, name) for name in ("states", "actions", "next_states"))
+
+
+def evaluate(study: Study, twin: BatchedTwin, variants: list[Variant]) -> None:
+    """Decision metrics and held-out one-step error of every model of ``twin`` (models ordered
+    replicate-major, variant-minor) against the true values."""
     reps, config = study.replicates, study.config
     V = len(variants)
     starts = _stack(reps, V, "data", "starts")
     with torch.no_grad():
-        est = {split: twin_values(twin, getattr(reps[0], f"{split}_gains") if False else None,
-                                  starts, config.horizon, config.gamma)
-               for split in ()}
-        heldout = one_step_loss(twin, _stack(reps, V, "heldout", "states"),
-                                _stack(reps, V, "heldout", "actions"),
-                                _stack(reps, V, "heldout", "next_states")).numpy()
-        for split in ("train", "unseen"):
-            # policies differ between replicates: evaluate replicate by replicate
-            est[split] = np.zeros((len(reps) * V, getattr(config, f"n_{split}")))
-            for r, rep in enumerate(reps):
-                values = twin_values(twin, getattr(rep, f"{split}_gains"), starts,
-                                     config.horizon, config.gamma)
-                est[split][r * V:(r + 1) * V] = values[r * V:(r + 1) * V].numpy()
+        heldout = one_step_loss(twin, *_transitions(reps, V, "heldout")).numpy()
+        est = {split: twin_values(twin, _stack(reps, V, f"{split}_gains", ""), starts,
+                                  config.horizon, config.gamma).numpy()
+               for split in ("train", "unseen")}
     for v, variant in enumerate(variants):
         rows = [r * V + v for r in range(len(reps))]
-        m: dict[str, np.ndarray] = {"heldout_mse": heldout[rows]}
-        vals: dict[str, np.ndarray] = {}
+        metrics: dict[str, np.ndarray] = {"heldout_mse": heldout[rows]}
+        values: dict[str, np.ndarray] = {}
         for split in ("train", "unseen"):
             pred = est[split][rows]
             true = np.stack([getattr(rep, f"true_{split}").numpy() for rep in reps])
-            vals[split] = pred
-            m[f"regret_{split}"] = np.array([decision_regret(p, t) for p, t in zip(pred, true)])
-            m[f"pairacc_{split}"] = np.array([pairwise_accuracy(p, t)
-                                              for p, t in zip(pred, true)])
-            m[f"kendall_{split}"] = np.array([kendall_tau(p, t) for p, t in zip(pred, true)])
-        study.metrics[variant] = m
-        study.values[variant] = vals
+            values[split] = pred
+            metrics[f"regret_{split}"] = np.array(
+                [decision_regret(p, t) for p, t in zip(pred, true, strict=True)])
+            metrics[f"pairacc_{split}"] = np.array(
+                [pairwise_accuracy(p, t) for p, t in zip(pred, true, strict=True)])
+            metrics[f"kendall_{split}"] = np.array(
+                [kendall_tau(p, t) for p, t in zip(pred, true, strict=True)])
+        study.metrics[variant] = metrics
+        study.values[variant] = values
 
 
-def _train_batch(study: Study, twin: BatchedTwin, variants: list[Variant], steps: int,
-                 generator: torch.Generator) -> None:
-    """Train one batched twin: models ordered replicate-major, variant-minor. Each replicate has
-    its own training policies, so the ranking term is computed replicate by replicate inside one
-    loss: we train with one call per replicate sharing the optimiser-free parameters."""
+def train_variants(study: Study, twin: BatchedTwin, variants: list[Variant], steps: int,
+                   generator: torch.Generator, lr: float = 3e-3):
+    """Train every model of ``twin`` with its variant's ranking weight and labels (Eq.
+    ``eq-dt2-loss``); each replicate ranks its own training policies."""
     reps, config = study.replicates, study.config
     V = len(variants)
     weights = torch.tensor([v.weight for v in variants] * len(reps))
-    reference = []
-    for rep in reps:
-        for v in variants:
-            reference.append(rep.true_train if v.labels == "true" else rep.fqe_train)
-    reference = torch.stack(reference)
-    transitions = (_stack(reps, V, "data", "states"), _stack(reps, V, "data", "actions"),
-                   _stack(reps, V, "data", "next_states"))
-    gains = torch.stack([rep.train_gains for rep in reps])  # (R, P, 3)
-    train_dt2(_PerModelGains(twin, gains, V), transitions, gains[0], reference, weights,
-              _stack(reps, V, "data", "starts"), horizon=config.horizon, gamma=config.gamma,
-              steps=steps, n_starts=config.n_starts, generator=generator)
+    reference = torch.stack([rep.true_train if v.labels == "true" else rep.fqe_train
+                             for rep in reps for v in variants])
+    return train_dt2(twin, _transitions(reps, V), _stack(reps, V, "train_gains", ""),
+                     reference, weights, _stack(reps, V, "data", "starts"),
+                     horizon=config.horizon, gamma=config.gamma, steps=steps,
+                     n_starts=config.n_starts, lr=lr, generator=generator)
 
 
-class _PerModelGains(BatchedTwin):
-    """Unused placeholder (kept private); see :func:`run_study`."""
-
-    def __init__(self, *args, **kwargs):  # pragma: no cover
-        raise NotImplementedError
+def _expand(twin: MLPTwin, V: int) -> None:
+    """Repeat each pretrained model ``V`` times in place (replicate-major order)."""
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.data = p.data.repeat_interleave(V, dim=0)
+    twin.n_models *= V
 
 
 def run_study(seed: int, config: Config | None = None) -> Study:
-    """Run the whole experiment for one outer seed; see the module docstring."""
-    raise NotImplementedError
+    """The whole experiment for one outer seed (see the module docstring).
+
+    Replicate ``r`` uses seed ``1000 seed + r``. Linear twins start from the least-squares MSE
+    minimiser; MLP twins from one MSE-pretrained network per replicate. Every variant of a twin
+    class then gets the same number of Adam steps on its own loss (``lambda = 0``: the
+    conventional twin), so the budgets match.
+    """
+    import time
+
+    config = Config() if config is None else config
+    generator = torch.Generator().manual_seed(int(seed))
+    start = time.perf_counter()
+    reps = [make_replicate(1000 * int(seed) + r, config) for r in range(config.replicates)]
+    study = Study(config, reps)
+    study.seconds["data, truth and FQE"] = time.perf_counter() - start
+    scale = _delta_scale(reps)
+
+    start = time.perf_counter()
+    linear = [Variant("linear", float(w)) for w in config.linear_weights]
+    linear.append(Variant("linear", float(config.dt2_weight), "true"))
+    twin = LinearTwin(len(reps) * len(linear), scale)
+    twin.fit_least_squares(*_transitions(reps, len(linear)))
+    study.logs = {"linear": train_variants(study, twin, linear, config.linear_steps, generator,
+                                          config.linear_lr)}
+    evaluate(study, twin, linear)
+    study.seconds["linear twins"] = time.perf_counter() - start
+
+    if config.run_mlp:
+        start = time.perf_counter()
+        mlp = [Variant("MLP", float(w)) for w in config.mlp_weights]
+        twin = MLPTwin(len(reps), scale, config.hidden, generator=generator)
+        train_variants(study, twin, [Variant("MLP", 0.0)], config.mlp_pretrain, generator,
+                       config.mlp_lr)
+        _expand(twin, len(mlp))
+        study.logs["MLP"] = train_variants(study, twin, mlp, config.mlp_steps, generator,
+                                          config.mlp_lr)
+        evaluate(study, twin, mlp)
+        study.seconds["MLP twins"] = time.perf_counter() - start
+    return study
 
 
-__all__ = ["Config", "Replicate", "Study", "Variant", "make_replicate", "run_study", "replace"]
+__all__ = ["Config", "Replicate", "Study", "Variant", "evaluate", "make_replicate", "replace",
+           "run_study", "train_variants"]

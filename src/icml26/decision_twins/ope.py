@@ -3,8 +3,10 @@
 Finite-horizon FQE (Eq. ``eq-dt2-fqe``): ``Q_0 = 0`` and, for ``h = 1..T``, ``Q_h`` is the ridge
 regression of ``r + gamma Q_{h-1}(s', pi(s'))`` on the features of ``(s, a)``. Then
 ``V_FQE(pi) = mean over start states of Q_T(s_0, pi(s_0))``, which estimates the same ``T``-step
-discounted value as the rollouts (Eq. ``eq-dt2-value``). Cost: one ``F x F`` solve, then
-``T`` products of ``n x F`` features per policy, ``O(n F^2 + F^3 + P T n F)``.
+discounted value as the rollouts (Eq. ``eq-dt2-value``). Because the features of ``(s, a)`` do
+not change between iterations, the regression is one projection ``(Phi^T Phi + alpha I)^{-1}
+Phi^T``, and each iteration is an ``F x F`` product in weight space. Cost
+``O(n F^2 + F^3)`` once, plus ``O(P (n F^2 + T F^2))`` for ``P`` policies.
 """
 
 from __future__ import annotations
@@ -68,14 +70,15 @@ def fitted_q_evaluation(data: OfflineData, gains: torch.Tensor, horizon: int, ga
     gram = phi.T @ phi
     gram = gram + ridge * gram.diagonal().mean() * torch.eye(gram.shape[0], dtype=gram.dtype)
     projector = torch.linalg.solve(gram, phi.T)                      # (F+1, n)
+    offset = projector @ data.rewards.to(torch.float64)              # (F+1,)
     values = torch.empty(gains.shape[0], dtype=torch.float64)
-    rewards = data.rewards.to(torch.float64)
     for p in range(gains.shape[0]):  # one policy at a time keeps memory at n x F
         k = gains[p:p + 1]
         next_phi = features(data.next_states, policy_torque(k, data.next_states[None])[0])
         start_phi = features(starts, policy_torque(k, starts[None])[0])
+        transition = projector @ next_phi                            # (F+1, F+1)
         weights = torch.zeros(phi.shape[1], dtype=torch.float64)
-        for _ in range(horizon):
-            weights = projector @ (rewards + gamma * (next_phi @ weights))
+        for _ in range(horizon):  # Eq. eq-dt2-fqe in weight space: w_h = c + gamma A w_{h-1}
+            weights = offset + gamma * (transition @ weights)
         values[p] = (start_phi @ weights).mean()
     return values

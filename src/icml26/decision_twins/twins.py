@@ -116,14 +116,17 @@ def twin_values(twin: BatchedTwin, gains: torch.Tensor, starts: torch.Tensor, ho
                 gamma: float) -> torch.Tensor:
     """Rollout values of ``P`` policies in ``M`` twins, Eq. ``eq-dt2-twin-value``.
 
+    ``gains`` has shape ``(P, 3)`` (the same policies for every model) or ``(M, P, 3)``.
     ``starts`` has shape ``(M, B, 2)`` (each model its own start states) or ``(B, 2)``. The reward
     is the known reward of the real system applied to the twin's states. Differentiable in the
     twin's parameters (backpropagation through time). Returns ``(M, P)``. Cost ``O(M P B T)``
     twin evaluations.
     """
-    gains = check_gains(gains)
+    gains = check_gains(gains, batched=True)
     horizon, gamma = check_horizon(horizon), check_gamma(gamma)
-    M, P = twin.n_models, gains.shape[0]
+    M, P = twin.n_models, gains.shape[-2]
+    if gains.ndim == 3 and gains.shape[0] != M:
+        raise ValueError(f"batched gains need one policy set per model ({M}), got {gains.shape[0]}")
     if starts.ndim == 2:
         starts = starts.unsqueeze(0).expand(M, -1, -1)
     if starts.ndim != 3 or starts.shape[0] != M or starts.shape[-1] != 2 or starts.shape[1] == 0:
@@ -234,21 +237,21 @@ def train_dt2(twin: BatchedTwin, transitions: tuple[torch.Tensor, torch.Tensor, 
     for the same number of steps); ``starts`` ``(M, B, 2)`` the start states, of which
     ``n_starts`` are resampled each step. Cost per step: ``O(M (batch + P n_starts T))``.
     """
-    gains = check_gains(gains)
+    gains = check_gains(gains, batched=True)
     horizon, gamma = check_horizon(horizon), check_gamma(gamma)
     weights = check_weights(weights)
     M = twin.n_models
     if weights.shape[0] != M:
         raise ValueError(f"need one ranking weight per model ({M}), got {weights.shape[0]}")
-    if reference.shape != (M, gains.shape[0]):
-        raise ValueError(f"reference must have shape (M={M}, P={gains.shape[0]}), got "
+    if reference.shape != (M, gains.shape[-2]):
+        raise ValueError(f"reference must have shape (M={M}, P={gains.shape[-2]}), got "
                          f"{tuple(reference.shape)}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
     states, actions, next_states = transitions
-    one_step_loss(twin, states[:, :1], actions[:, :1], next_states[:, :1])  # validates finiteness
-    if not (torch.isfinite(states).all() and torch.isfinite(next_states).all()):
-        raise ValueError("transitions contain NaN or infinite values")
+    if not (torch.isfinite(states).all() and torch.isfinite(actions).all()
+            and torch.isfinite(next_states).all()):
+        raise ValueError("offline transitions contain NaN or infinite values")
     reference = reference.float()
     tau = pair_temperature(reference)
     params = [p for p in twin.parameters() if p.requires_grad]
@@ -266,12 +269,12 @@ def train_dt2(twin: BatchedTwin, transitions: tuple[torch.Tensor, torch.Tensor, 
             values = twin_values(twin, gains, starts[rows, sidx], horizon, gamma)
             rank = ranking_loss(values, reference, tau)
             loss = loss + (weights * rank).sum()
-            log.ranking.append(float(rank.mean()))
+            log.ranking.append(float(rank.detach().mean()))
         optimiser.zero_grad()
         loss.backward()
         _clip_per_model(params, max_norm)
         optimiser.step()
-        log.one_step.append(float(mse.mean()))
+        log.one_step.append(float(mse.detach().mean()))
     return log
 
 
