@@ -1,0 +1,967 @@
+"""UMEM in a toy world: a memory agent whose extraction and management are trained by GRPO.
+
+The LLMs of the paper are replaced, the algorithm is kept:
+
+* a **world** of query families: each family ``f`` has a hidden unit rule vector ``u_f``; a query
+  has a unit embedding near its family's rule and its own instance-specific shortcut ``a_q`` (a
+  random unit vector, "the answer to this one question") -- :func:`make_world`;
+* a frozen stochastic **executor** whose chance of success depends on the memories retrieved for
+  the query (:class:`Executor`, equation ``eq-umem-executor``): a memory aligned with the query's
+  rule helps, the query's own shortcut helps a lot, a shortcut written for *another* query misleads;
+* a **memory bank** of (key, value) pairs with top-``K`` cosine retrieval on keys above a
+  similarity threshold (:class:`MemoryBank`, :meth:`MemoryBank.retrieve`);
+* a **Mem-Optimizer** (:class:`MemPolicy`): an extraction head choosing the abstraction level of the
+  memory distilled from a trajectory (``eq-umem-extract``) and a management head choosing ADD or
+  UPDATE of a retrieved entry;
+* the **neighbourhood marginal-utility reward** (``eq-umem-gain``, ``eq-umem-reward``) over the
+  semantic neighbourhood of a query (:func:`semantic_neighbourhood`), or over the source query
+  alone (the ablation without Semantic Neighbourhood Modelling);
+* **GRPO** (:func:`group_advantages`, :func:`grpo_loss`, ``eq-umem-grpo``) with online memory
+  evolution (:func:`train_policy`), and zero-reset streaming evaluation (:func:`stream`);
+* closed forms that say what the world itself predicts: the exact expected reward of a lone
+  memory of each abstraction level on any set of targets (:func:`lone_memory_gains`,
+  :func:`expected_gain_by_alpha`), and the neighbourhood lemma on many pairs at once
+  (:func:`lemma_check`, ``eq-umem-lemma``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import numbers
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from icml26.core import check_count, check_positive
+
+ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
+"""Abstraction levels of the extraction head; index ``len(ALPHAS)`` is a malformed output."""
+
+MALFORMED = len(ALPHAS)
+N_EXTRACT = len(ALPHAS) + 1
+TOP_K = 3
+"""Memories retrieved per query (the paper's ``K = 3``)."""
+
+N_MANAGE = 1 + TOP_K  # ADD, UPDATE_0 .. UPDATE_{K-1}
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _check_real(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    if not np.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return float(value)
+
+
+# --- the world -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class World:
+    """Query families with hidden rules; ``train``/``test`` split by query, ``ood`` by family."""
+
+    rules: np.ndarray  # (families, dim) unit rule vectors u_f
+    embeddings: np.ndarray  # (queries, dim) unit query embeddings e(q)
+    shortcuts: np.ndarray  # (queries, dim) unit instance shortcuts a_q
+    family: np.ndarray  # (queries,) family of each query
+    train: np.ndarray  # query ids used for training (and as neighbourhoods)
+    test: np.ndarray  # held-out queries of the training families
+    ood: np.ndarray  # queries of held-out families
+
+    @property
+    def dim(self) -> int:
+        return self.embeddings.shape[1]
+
+
+def make_world(n_families: int = 8, n_heldout_families: int = 2, queries_per_family: int = 40,
+               dim: int = 16, spread: float = 0.8, test_fraction: float = 0.4,
+               seed: int = 0) -> World:
+    """Generate a world: ``e(q) = normalise(u_f + spread * xi_q)``, ``xi_q ~ N(0, I/dim)``.
+
+    With ``spread = s`` two queries of one family have cosine about ``1 / (1 + s^2)``; queries of
+    different families are nearly orthogonal when ``dim`` is large.
+    """
+    n_families = check_count(n_families, "n_families", 1)
+    n_heldout_families = check_count(n_heldout_families, "n_heldout_families", 0)
+    queries_per_family = check_count(queries_per_family, "queries_per_family", 4)
+    dim = check_count(dim, "dim", 2)
+    spread = check_positive(spread, "spread")
+    test_fraction = _check_real(test_fraction, "test_fraction")
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}")
+    rng = np.random.default_rng(seed)
+    total = n_families + n_heldout_families
+    rules = _unit(rng.normal(size=(total, dim)))
+    family = np.repeat(np.arange(total), queries_per_family)
+    noise = rng.normal(size=(family.size, dim)) / np.sqrt(dim)
+    embeddings = _unit(rules[family] + spread * noise)
+    shortcuts = _unit(rng.normal(size=(family.size, dim)))
+    n_test = max(1, int(round(test_fraction * queries_per_family)))
+    train, test = [], []
+    for f in range(n_families):
+        ids = rng.permutation(np.flatnonzero(family == f))
+        test.extend(ids[:n_test])
+        train.extend(ids[n_test:])
+    ood = np.flatnonzero(family >= n_families)
+    return World(rules, embeddings, shortcuts, family, np.sort(np.array(train)),
+                 np.sort(np.array(test)), ood)
+
+
+def semantic_neighbourhood(embeddings: np.ndarray, pool: np.ndarray, n: int) -> np.ndarray:
+    """``NN_n(q)``: the ``n`` nearest pool queries of each pool query by cosine, ``q`` excluded.
+
+    Returns an array of shape ``(len(pool), n)`` of query ids (rows follow ``pool``). Semantic
+    Neighbourhood Modelling scores a memory on these queries instead of on ``q`` itself.
+    """
+    n = check_count(n, "neighbourhood size", 1)
+    pool = np.asarray(pool)
+    if n >= pool.size:
+        raise ValueError(f"neighbourhood size {n} needs more than {pool.size} pool queries")
+    sims = embeddings[pool] @ embeddings[pool].T
+    np.fill_diagonal(sims, -np.inf)
+    order = np.argsort(-sims, axis=1, kind="stable")[:, :n]
+    return pool[order]
+
+
+def lemma_gap(e1: np.ndarray, e2: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both sides of the neighbourhood lemma ``eq-umem-lemma`` for unit vectors.
+
+    Returns ``|e1.k - e2.k|`` for every row ``k`` of ``keys`` and the bound
+    ``||e1 - e2|| = sqrt(2 - 2 e1.e2)``.
+    """
+    e1, e2, keys = (np.asarray(x, dtype=float) for x in (e1, e2, keys))
+    keys = np.atleast_2d(keys)
+    if e1.shape != e2.shape or e1.ndim != 1 or keys.shape[1] != e1.size:
+        raise ValueError(f"shapes do not match: {e1.shape}, {e2.shape}, {keys.shape}")
+    for name, x in (("e1", e1), ("e2", e2)):
+        if abs(np.linalg.norm(x) - 1) > 1e-9:
+            raise ValueError(f"{name} must be a unit vector")
+    gap = np.abs(keys @ e1 - keys @ e2)
+    bound = np.sqrt(max(0.0, 2 - 2 * float(e1 @ e2)))
+    return gap, bound
+
+
+# --- memories and the bank -----------------------------------------------------------------------
+
+
+def extract_memory(alpha: float, insight: np.ndarray, shortcut: np.ndarray) -> np.ndarray:
+    """The memory value of abstraction ``alpha``: ``normalise(alpha * insight + (1-alpha) * a_q)``.
+
+    ``alpha = 1`` keeps only the insight (the trajectory's noisy estimate of the rule), ``alpha =
+    0`` only the instance shortcut; this is ``eq-umem-extract``.
+    """
+    alpha = _check_real(alpha, "alpha")
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+    return _unit(alpha * np.asarray(insight) + (1 - alpha) * np.asarray(shortcut))
+
+
+class MemoryBank:
+    """A growable bank of memories: key ``e(q)``, value vector, source query, abstraction level."""
+
+    def __init__(self, dim: int, capacity: int = 64):
+        self.dim = check_count(dim, "dim", 1)
+        capacity = check_count(capacity, "capacity", 1)
+        self.keys = np.zeros((capacity, dim))
+        self.values = np.zeros((capacity, dim))
+        self.source = np.zeros(capacity, dtype=int)
+        self.alpha = np.zeros(capacity)
+        self.weight = np.zeros(capacity)  # shortcut content <value, a_source>
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def copy(self) -> MemoryBank:
+        return copy.deepcopy(self)
+
+    def _check_vector(self, x, name: str) -> np.ndarray:
+        x = np.asarray(x, dtype=float)
+        if x.shape != (self.dim,):
+            raise ValueError(f"{name} must have shape ({self.dim},), got {x.shape}")
+        return x
+
+    def write(self, key, value, source: int, alpha: float, weight: float,
+              slot: int | None = None) -> int:
+        """ADD (``slot=None``) or overwrite entry ``slot`` (UPDATE); returns the entry index."""
+        key, value = self._check_vector(key, "key"), self._check_vector(value, "value")
+        if slot is None:
+            if self.size == self.keys.shape[0]:
+                for name in ("keys", "values", "source", "alpha", "weight"):
+                    old = getattr(self, name)
+                    setattr(self, name, np.concatenate([old, np.zeros_like(old)]))
+            slot = self.size
+            self.size += 1
+        elif not 0 <= slot < self.size:
+            raise ValueError(f"cannot update entry {slot} of a bank with {self.size} entries")
+        self.keys[slot], self.values[slot] = key, value
+        self.source[slot], self.alpha[slot], self.weight[slot] = source, alpha, weight
+        return slot
+
+    def similarities(self, query) -> np.ndarray:
+        """Cosine similarity of ``query`` to every key (keys and queries are unit vectors)."""
+        query = self._check_vector(query, "query embedding")
+        return self.keys[: self.size] @ query
+
+    def retrieve(self, query, k: int = TOP_K, threshold: float = 0.5) -> np.ndarray:
+        """Indices of the top-``k`` keys by cosine, keeping only those above ``threshold``."""
+        k = check_count(k, "k", 1)
+        if self.size == 0:
+            raise ValueError("retrieval from an empty memory bank; check len(bank) first")
+        return top_k(self.similarities(query), k, threshold)
+
+
+def top_k(sims: np.ndarray, k: int, threshold: float) -> np.ndarray:
+    """Indices of the ``k`` largest entries of ``sims`` that are ``>= threshold``, best first.
+
+    Ties are broken by the lower index (the older entry), so retrieval is deterministic.
+    """
+    idx = np.argsort(-sims, kind="stable")[:k]
+    return idx[sims[idx] >= threshold]
+
+
+# --- the executor --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Executor:
+    """A frozen stochastic executor replacing the LLM (``eq-umem-executor``).
+
+    Success probability ``sigmoid(b0 + b_rule R + b_own H - b_mislead W)`` with ``R`` the mean
+    alignment of the retrieved values with the query's rule (clipped at 0), ``H`` the shortcut
+    content of a retrieved memory written *for this query*, and ``W`` the shortcut content of
+    memories written for *other* queries, averaged over the retrieved set.
+    Length (the cost) ``L0 (1 - g_rule R) (1 + g_mislead W) exp(noise)``.
+    A trajectory also yields an insight, a noisy estimate of the rule whose noise is smaller when
+    the run succeeded.
+    """
+
+    b0: float = -0.4
+    b_rule: float = 1.2
+    b_own: float = 2.5
+    b_mislead: float = 1.0
+    length0: float = 1000.0
+    g_rule: float = 0.4
+    g_mislead: float = 0.3
+    length_noise: float = 0.1
+    insight_noise_success: float = 0.6
+    insight_noise_failure: float = 1.2
+
+    def features(self, world: World, query: int, values: np.ndarray, sources: np.ndarray,
+                 weights: np.ndarray) -> tuple[float, float, float]:
+        """``(R, H, W)`` of the retrieved memories for ``query`` (zeros when none).
+
+        ``R``: mean alignment of the retrieved values with the query's rule, clipped at 0;
+        ``H``: largest shortcut content among memories written for this query; ``W``: shortcut
+        content of memories written for other queries, averaged over all retrieved memories.
+        """
+        if values.shape[0] == 0:
+            return 0.0, 0.0, 0.0
+        rule = world.rules[world.family[query]]
+        return _aggregate(values @ rule, sources == query, weights)
+
+    def success_probability(self, r: float, h: float, w: float) -> float:
+        z = self.b0 + self.b_rule * r + self.b_own * h - self.b_mislead * w
+        return 1 / (1 + math.exp(-z))
+
+    def length(self, r: float, w: float, noise: float) -> float:
+        return (self.length0 * (1 - self.g_rule * r) * (1 + self.g_mislead * w)
+                * math.exp(self.length_noise * noise))
+
+    def run(self, world: World, query: int, values, sources, weights, uniform: float,
+            noise: float) -> tuple[int, float, float]:
+        """One execution with common random numbers: ``(correct, length, success probability)``."""
+        r, h, w = self.features(world, query, values, sources, weights)
+        p = self.success_probability(r, h, w)
+        return int(uniform < p), self.length(r, w, noise), p
+
+    def insight(self, world: World, query: int, correct: int, rng: np.random.Generator):
+        s = self.insight_noise_success if correct else self.insight_noise_failure
+        return _unit(world.rules[world.family[query]] + s * rng.normal(size=world.dim)
+                     / np.sqrt(world.dim))
+
+
+# --- reward --------------------------------------------------------------------------------------
+
+
+def marginal_utility(c_mem, c_ref, len_mem, len_ref, kind: str = "paper") -> np.ndarray:
+    """Per-neighbour gain of a memory (``eq-umem-gain``).
+
+    ``kind="paper"``: ``(c_mem - c_ref) + c_mem c_ref (1 - len_mem / len_ref)``, which can be
+    negative. ``kind="code"`` (the released reward): 0 if the run with the memory fails, 1 if only
+    it succeeds, ``max(0, 1 - len_mem / len_ref)`` if both succeed.
+    """
+    c_mem, c_ref = np.asarray(c_mem, dtype=float), np.asarray(c_ref, dtype=float)
+    len_mem, len_ref = np.asarray(len_mem, dtype=float), np.asarray(len_ref, dtype=float)
+    if np.any(len_ref <= 0) or np.any(len_mem <= 0):
+        raise ValueError("lengths must be positive")
+    efficiency = 1 - len_mem / len_ref
+    if kind == "paper":
+        return (c_mem - c_ref) + c_mem * c_ref * efficiency
+    if kind == "code":
+        return np.where(c_mem < 0.5, 0.0,
+                        np.where(c_ref < 0.5, 1.0, np.maximum(0.0, efficiency)))
+    raise ValueError(f"kind must be 'paper' or 'code', got {kind!r}")
+
+
+# --- GRPO ----------------------------------------------------------------------------------------
+
+
+def group_advantages(rewards, normalise: bool = True, eps: float = 1e-6) -> np.ndarray:
+    """Group-relative advantages ``(r_g - mean r) / (std r + eps)`` (``eq-umem-grpo``).
+
+    ``rewards`` has shape ``(groups, G)`` or ``(G,)``; a group whose rewards are all equal gets zero
+    advantages (it carries no signal). ``normalise=False`` keeps ``r_g - mean r`` (no division by
+    the group's spread).
+    """
+    r = np.asarray(rewards, dtype=float)
+    if r.ndim not in (1, 2):
+        raise ValueError(f"rewards must be 1-D or 2-D, got shape {r.shape}")
+    if r.shape[-1] < 2:
+        raise ValueError(f"GRPO needs a group size of at least 2, got {r.shape[-1]}")
+    centred = r - r.mean(axis=-1, keepdims=True)
+    if not normalise:
+        return centred
+    std = r.std(axis=-1, keepdims=True)
+    return np.where(std > 0, centred / (std + eps), 0.0)
+
+
+def grpo_loss(logp, logp_old, logp_ref, advantages, clip: float = 0.2,
+              kl_coef: float = 0.001) -> torch.Tensor:
+    """Clipped-ratio GRPO loss with the ``k3`` KL estimator to the reference policy.
+
+    ``-mean(min(rho A, clip(rho, 1-eps, 1+eps) A)) + beta mean(exp(ref - logp) - (ref - logp) - 1)``
+    with ``rho = exp(logp - logp_old)`` (``eq-umem-grpo``).
+    """
+    if logp.shape != advantages.shape:
+        raise ValueError(f"log-probabilities {tuple(logp.shape)} and advantages "
+                         f"{tuple(advantages.shape)} differ in shape")
+    ratio = torch.exp(logp - logp_old)
+    surrogate = torch.minimum(ratio * advantages,
+                              torch.clamp(ratio, 1 - clip, 1 + clip) * advantages)
+    log_ratio_ref = logp_ref - logp
+    kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1
+    return -surrogate.mean() + kl_coef * kl.mean()
+
+
+# --- the Mem-Optimizer ---------------------------------------------------------------------------
+
+
+def n_features(dim: int) -> int:
+    """Width of the policy input: ``e(q)``, outcome, length, and per retrieved slot 3 numbers."""
+    return dim + 2 + 3 * TOP_K
+
+
+def policy_features(world: World, query: int, correct: int, length: float, length0: float,
+                    slot_sims: np.ndarray, slot_alphas: np.ndarray) -> np.ndarray:
+    """``[e(q), c, len/L0, (sim_k, alpha_k, occupied_k) for k < K]``: the policy's input."""
+    x = np.zeros(n_features(world.dim))
+    x[: world.dim] = world.embeddings[query]
+    x[world.dim] = correct
+    x[world.dim + 1] = length / length0
+    for k in range(len(slot_sims)):
+        base = world.dim + 2 + 3 * k
+        x[base: base + 3] = slot_sims[k], slot_alphas[k], 1.0
+    return x
+
+
+class MemPolicy(nn.Module):
+    """Two small MLPs: extraction (5 abstraction levels + malformed) and management (ADD/UPDATE_k).
+
+    The heads have separate parameters, so masking one head's log-probability in the GRPO loss
+    (the management-only and extraction-only ablations) freezes it exactly at its initial state.
+    """
+
+    def __init__(self, dim: int, hidden: int = 32):
+        super().__init__()
+        self.dim = check_count(dim, "dim", 1)
+        width = n_features(self.dim)
+
+        def mlp(out: int) -> nn.Sequential:
+            net = nn.Sequential(nn.Linear(width, hidden), nn.Tanh(), nn.Linear(hidden, out))
+            with torch.no_grad():
+                net[2].weight.mul_(0.1)
+                net[2].bias.zero_()
+            return net
+
+        self.extract = mlp(N_EXTRACT)
+        self.manage = mlp(N_MANAGE)
+        self._numpy = None
+
+    def logits(self, x: torch.Tensor, manage_mask: torch.Tensor):
+        if x.shape[-1] != n_features(self.dim):
+            raise ValueError(f"features must have width {n_features(self.dim)}, got {x.shape[-1]}")
+        ext = self.extract(x)
+        man = self.manage(x).masked_fill(~manage_mask, -1e9)
+        return ext, man
+
+    def log_prob(self, x, manage_mask, ext_action, man_action, use_extract=True,
+                 use_manage=True) -> torch.Tensor:
+        ext, man = self.logits(x, manage_mask)
+        total = torch.zeros(x.shape[0], dtype=x.dtype)
+        if use_extract:
+            total = total + torch.log_softmax(ext, -1).gather(-1, ext_action[:, None])[:, 0]
+        if use_manage:
+            total = total + torch.log_softmax(man, -1).gather(-1, man_action[:, None])[:, 0]
+        return total
+
+    @torch.no_grad()
+    def probabilities(self, x: np.ndarray, manage_mask: np.ndarray):
+        """Action probabilities for one feature vector (a NumPy forward pass, for speed)."""
+        if self._numpy is None:
+            self._numpy = [[p.detach().double().numpy().copy() for p in net.parameters()]
+                           for net in (self.extract, self.manage)]
+        x = np.asarray(x, dtype=float)
+        if x.shape != (n_features(self.dim),):
+            raise ValueError(f"features must have shape ({n_features(self.dim)},), got {x.shape}")
+        out = []
+        for (w1, b1, w2, b2), mask in zip(self._numpy, (None, manage_mask), strict=True):
+            z = w2 @ np.tanh(w1 @ x + b1) + b2
+            if mask is not None:
+                z = np.where(mask, z, -np.inf)
+            z = np.exp(z - z.max())
+            out.append(z / z.sum())
+        return out[0], out[1]
+
+    def refresh(self) -> None:
+        """Forget the cached NumPy weights (call after every optimiser step)."""
+        self._numpy = None
+
+
+def expected_alpha(p_extract: np.ndarray) -> float:
+    """Mean abstraction level of an extraction distribution, malformed outputs excluded."""
+    p = np.asarray(p_extract)[: len(ALPHAS)]
+    return float(p @ np.array(ALPHAS) / p.sum())
+
+
+# --- one step of the agent -----------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    """What the agent saw and did on one query."""
+
+    features: np.ndarray
+    manage_mask: np.ndarray
+    retrieved: np.ndarray
+    correct: int
+    length: float
+    probability: float
+    insight: np.ndarray
+
+
+def observe(world: World, executor: Executor, bank: MemoryBank, query: int,
+            rng: np.random.Generator, threshold: float = 0.5) -> Step:
+    """Forward pass: retrieve, execute, and build the Mem-Optimizer's input."""
+    retrieved = (bank.retrieve(world.embeddings[query], TOP_K, threshold) if len(bank)
+                 else np.zeros(0, dtype=int))
+    c, length, p = executor.run(world, query, bank.values[retrieved], bank.source[retrieved],
+                                bank.weight[retrieved], rng.uniform(), rng.normal())
+    sims = bank.similarities(world.embeddings[query])[retrieved] if len(bank) else np.zeros(0)
+    x = policy_features(world, query, c, length, executor.length0, sims, bank.alpha[retrieved])
+    mask = np.zeros(N_MANAGE, dtype=bool)
+    mask[: 1 + retrieved.size] = True
+    return Step(x, mask, retrieved, c, length, p, executor.insight(world, query, c, rng))
+
+
+def apply_action(bank: MemoryBank, world: World, query: int, step: Step, ext: int,
+                 man: int) -> None:
+    """Write the memory chosen by (extraction, management) into ``bank`` (in place)."""
+    if ext == MALFORMED:
+        return
+    alpha = ALPHAS[ext]
+    value = extract_memory(alpha, step.insight, world.shortcuts[query])
+    weight = float(value @ world.shortcuts[query])
+    slot = None if man == 0 else int(step.retrieved[man - 1])
+    bank.write(world.embeddings[query], value, query, alpha, weight, slot)
+
+
+# --- reward of candidate actions -----------------------------------------------------------------
+
+
+def candidate_rewards(world: World, executor: Executor, bank: MemoryBank, query: int,
+                      step: Step, ext: np.ndarray, man: np.ndarray, targets: np.ndarray,
+                      rng: np.random.Generator, threshold: float = 0.5,
+                      kind: str = "paper") -> np.ndarray:
+    """Reward ``r = r_fmt + mean_{q' in targets} gain(q')`` of each candidate (``eq-umem-reward``).
+
+    Each candidate ``g`` gives a bank ``B_g = Apply(B, a_g)``; every target ``q'`` is executed on
+    ``B`` (reference) and on ``B_g`` with common random numbers. ``targets`` is the semantic
+    neighbourhood (UMEM) or ``[query]`` (source-only). With ``kind="code"`` the reference has no
+    memory and the test run sees only the new memory, as in the released reward.
+
+    Retrieval from ``B_g`` only needs the top ``K + 1`` entries of ``B``: an ADD can only push the
+    new entry into them, an UPDATE removes one entry and adds the new one.
+    """
+    if kind not in ("paper", "code"):
+        raise ValueError(f"kind must be 'paper' or 'code', got {kind!r}")
+    G = len(ext)
+    rewards = np.zeros(G)
+    uniforms, noises = rng.uniform(size=len(targets)), rng.normal(size=len(targets))
+    key = world.embeddings[query]
+    refs = []
+    for t, target in enumerate(targets):
+        e = world.embeddings[target]
+        if kind == "paper" and len(bank):
+            sims = bank.similarities(e)
+            top = top_k(sims, TOP_K + 1, threshold)
+            ref_idx = top[:TOP_K]
+        else:
+            sims, top, ref_idx = np.zeros(0), np.zeros(0, int), np.zeros(0, int)
+        c_ref, l_ref, _ = executor.run(world, target, bank.values[ref_idx],
+                                       bank.source[ref_idx], bank.weight[ref_idx],
+                                       uniforms[t], noises[t])
+        rule = world.rules[world.family[target]]
+        # (similarity, rule alignment, written for the target?, shortcut content, index) of the
+        # entries that can still be retrieved once the candidate is applied
+        base = [] if kind == "code" else [
+            (float(sims[i]), float(bank.values[i] @ rule), bool(bank.source[i] == target),
+             float(bank.weight[i]), int(i)) for i in top]
+        refs.append((base, rule, float(e @ key), c_ref, l_ref))
+    cache: dict = {}
+    for g in range(G):
+        action = (int(ext[g]), int(man[g]) if kind == "paper" else 0)
+        if action[0] == MALFORMED:
+            continue  # r_fmt = 0 and the bank is unchanged: no gain either
+        if action in cache:
+            rewards[g] = cache[action]
+            continue
+        value = extract_memory(ALPHAS[action[0]], step.insight, world.shortcuts[query])
+        weight = float(value @ world.shortcuts[query])
+        replaced = -1 if action[1] == 0 else int(step.retrieved[action[1] - 1])
+        total = 0.0
+        for t, target in enumerate(targets):
+            base, rule, s_new, c_ref, l_ref = refs[t]
+            entries = [entry for entry in base if entry[4] != replaced]
+            new_index = len(bank) if replaced < 0 else replaced
+            entries.append((s_new if kind == "paper" else np.inf, float(value @ rule),
+                            query == target, weight, new_index))
+            entries = sorted((e for e in entries if e[0] >= threshold),
+                             key=lambda e: (-e[0], e[4]))
+            entries = entries[:TOP_K]
+            r, h, w = _aggregate_entries(entries)
+            p = executor.success_probability(r, h, w)
+            c_mem = int(uniforms[t] < p)
+            l_mem = executor.length(r, w, noises[t])
+            total += _gain(c_mem, c_ref, l_mem, l_ref, kind)
+        rewards[g] = cache[action] = 1.0 + total / len(targets)
+    return rewards
+
+
+def _aggregate_entries(entries) -> tuple[float, float, float]:
+    """:func:`_aggregate` of ``(sim, alignment, own, weight, index)`` tuples, in one pass."""
+    if not entries:
+        return 0.0, 0.0, 0.0
+    total, foreign, own_best = 0.0, 0.0, None
+    for _, align, own, weight, _ in entries:
+        total += align
+        if own:
+            own_best = weight if own_best is None else max(own_best, weight)
+        else:
+            foreign += weight
+    n = len(entries)
+    return max(0.0, total / n), (0.0 if own_best is None else own_best), foreign / n
+
+
+def _aggregate(aligns, own, weights) -> tuple[float, float, float]:
+    n = len(aligns)
+    r = max(0.0, float(sum(aligns)) / n)
+    h = max((float(w) for w, o in zip(weights, own, strict=True) if o), default=0.0)
+    w = sum(float(w) for w, o in zip(weights, own, strict=True) if not o) / n
+    return r, h, w
+
+
+def _gain(c_mem: int, c_ref: int, len_mem: float, len_ref: float, kind: str) -> float:
+    """Scalar :func:`marginal_utility` (the same formula, without array overhead)."""
+    efficiency = 1 - len_mem / len_ref
+    if kind == "paper":
+        return (c_mem - c_ref) + c_mem * c_ref * efficiency
+    if not c_mem:
+        return 0.0
+    return 1.0 if not c_ref else max(0.0, efficiency)
+
+
+# --- training ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """GRPO settings; ``neighbourhood=0`` means the source-only reward (no SNM)."""
+
+    neighbourhood: int = 3
+    group_size: int = 8
+    epochs: int = 3
+    batch_queries: int = 16
+    inner_steps: int = 2
+    lr: float = 3e-3
+    clip: float = 0.2
+    kl_coef: float = 0.001
+    normalise: bool = True
+    train_extract: bool = True
+    train_manage: bool = True
+    threshold: float = 0.5
+    reward: str = "paper"
+    hidden: int = 32
+
+    def __post_init__(self):
+        check_count(self.neighbourhood, "neighbourhood", 0)
+        if check_count(self.group_size, "group_size", 0) < 2:
+            raise ValueError(f"GRPO needs a group size of at least 2, got {self.group_size}")
+        check_count(self.epochs, "epochs", 0)
+        check_count(self.batch_queries, "batch_queries", 1)
+        check_count(self.inner_steps, "inner_steps", 1)
+        check_positive(self.lr, "lr")
+        if self.reward not in ("paper", "code"):
+            raise ValueError(f"reward must be 'paper' or 'code', got {self.reward!r}")
+
+
+@dataclass
+class TrainResult:
+    policy: MemPolicy
+    mean_reward: list = field(default_factory=list)  # per minibatch
+    mean_alpha: list = field(default_factory=list)  # expected alpha per minibatch
+    bank_size: int = 0
+
+
+def neighbourhood_targets(world: World, config: TrainConfig) -> dict[int, np.ndarray]:
+    """Target queries of every training query: ``NN_N(q)`` within the training pool, or ``[q]``."""
+    if config.neighbourhood == 0:
+        return {int(q): np.array([q]) for q in world.train}
+    nn_ids = semantic_neighbourhood(world.embeddings, world.train, config.neighbourhood)
+    return {int(q): nn_ids[i] for i, q in enumerate(world.train)}
+
+
+def train_policy(world: World, executor: Executor, config: TrainConfig, seed: int = 0,
+                 policy: MemPolicy | None = None) -> TrainResult:
+    """GRPO with online memory evolution over the training queries (the released loop, scaled down).
+
+    For each query: observe, sample ``G`` actions from the current policy, reward each on the
+    targets, commit the best action to the training bank if its utility is positive, and after
+    every ``batch_queries`` queries take ``inner_steps`` Adam steps on the clipped GRPO loss.
+    """
+    if not isinstance(config, TrainConfig):
+        raise TypeError("config must be a TrainConfig")
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    policy = policy if policy is not None else MemPolicy(world.dim, config.hidden)
+    reference = copy.deepcopy(policy).requires_grad_(False)
+    optimiser = torch.optim.Adam(policy.parameters(), lr=config.lr)
+    targets = neighbourhood_targets(world, config)
+    bank = MemoryBank(world.dim, 256)
+    result = TrainResult(policy)
+    buffer: list = []
+    G = config.group_size
+    order = np.concatenate([rng.permutation(world.train) for _ in range(config.epochs)])
+    for i, q in enumerate(order):
+        q = int(q)
+        step = observe(world, executor, bank, q, rng, config.threshold)
+        p_ext, p_man = policy.probabilities(step.features, step.manage_mask)
+        ext = rng.choice(N_EXTRACT, size=G, p=p_ext)
+        man = rng.choice(N_MANAGE, size=G, p=p_man)
+        rewards = candidate_rewards(world, executor, bank, q, step, ext, man, targets[q], rng,
+                                    config.threshold, config.reward)
+        best = int(np.argmax(rewards))
+        if rewards[best] > 1.0:  # positive utility: online memory evolution
+            apply_action(bank, world, q, step, int(ext[best]), int(man[best]))
+        adv = group_advantages(rewards, config.normalise)
+        buffer.append((step.features, step.manage_mask, ext, man, adv, rewards.mean(),
+                       expected_alpha(p_ext)))
+        if len(buffer) == config.batch_queries or i == len(order) - 1:
+            _update(policy, reference, optimiser, buffer, config)
+            result.mean_reward.append(float(np.mean([b[5] for b in buffer])))
+            result.mean_alpha.append(float(np.mean([b[6] for b in buffer])))
+            buffer = []
+    result.bank_size = len(bank)
+    return result
+
+
+def _update(policy, reference, optimiser, buffer, config: TrainConfig) -> None:
+    G = config.group_size
+    x = torch.as_tensor(np.repeat(np.stack([b[0] for b in buffer]), G, 0), dtype=torch.float32)
+    mask = torch.as_tensor(np.repeat(np.stack([b[1] for b in buffer]), G, 0))
+    ext = torch.as_tensor(np.concatenate([b[2] for b in buffer]))
+    man = torch.as_tensor(np.concatenate([b[3] for b in buffer]))
+    adv = torch.as_tensor(np.concatenate([b[4] for b in buffer]), dtype=torch.float32)
+    if not torch.any(adv != 0):
+        return
+    flags = dict(use_extract=config.train_extract, use_manage=config.train_manage)
+    with torch.no_grad():
+        old = policy.log_prob(x, mask, ext, man, **flags)
+        ref = reference.log_prob(x, mask, ext, man, **flags)
+    for _ in range(config.inner_steps):
+        loss = grpo_loss(policy.log_prob(x, mask, ext, man, **flags), old, ref, adv,
+                         config.clip, config.kl_coef)
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    policy.refresh()
+
+
+# --- evaluation ----------------------------------------------------------------------------------
+
+
+@dataclass
+class StreamResult:
+    """Per-step success probability, length, chosen abstraction (NaN: malformed or no memory)
+    and management operation (0 = ADD, k = UPDATE_{k-1}; -1 when nothing was retrieved, so that
+    ADD was the only choice, or when there is no policy)."""
+
+    probability: np.ndarray
+    length: np.ndarray
+    alpha: np.ndarray
+    operation: np.ndarray
+
+    @property
+    def accuracy(self) -> float:
+        return float(self.probability.mean())
+
+    @property
+    def cumulative(self) -> np.ndarray:
+        return np.cumsum(self.probability) / np.arange(1, self.probability.size + 1)
+
+
+def stream(world: World, executor: Executor, policy: MemPolicy | None, queries, seed: int = 0,
+           threshold: float = 0.5) -> StreamResult:
+    """Zero-reset streaming: an empty bank, the queries in a random order, the policy writing.
+
+    ``policy=None`` is the no-memory agent. Accuracy is recorded as the executor's exact success
+    probability at each step (an unbiased, lower-variance stand-in for the 0/1 outcome); the bank
+    evolves with the sampled outcome, as it would in deployment.
+    """
+    queries = np.asarray(queries)
+    if queries.ndim != 1 or queries.size == 0:
+        raise ValueError("queries must be a non-empty 1-D array of query ids")
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(queries)
+    bank = MemoryBank(world.dim, 128)
+    prob, length, alpha = (np.full(order.size, np.nan) for _ in range(3))
+    operation = np.full(order.size, -1)
+    for i, q in enumerate(order):
+        q = int(q)
+        step = observe(world, executor, bank, q, rng, threshold)
+        prob[i], length[i] = step.probability, step.length
+        if policy is None:
+            continue
+        p_ext, p_man = policy.probabilities(step.features, step.manage_mask)
+        ext = int(rng.choice(N_EXTRACT, p=p_ext))
+        man = int(rng.choice(N_MANAGE, p=p_man))
+        if ext != MALFORMED:
+            alpha[i] = ALPHAS[ext]
+            if step.retrieved.size:
+                operation[i] = man
+        apply_action(bank, world, q, step, ext, man)
+    return StreamResult(prob, length, alpha, operation)
+
+
+# --- experiments ---------------------------------------------------------------------------------
+
+VARIANTS = {
+    "source-only": dict(neighbourhood=0),
+    "UMEM N=1": dict(neighbourhood=1),
+    "UMEM N=3": dict(neighbourhood=3),
+    "UMEM N=5": dict(neighbourhood=5),
+    "management-only": dict(train_extract=False),
+    "extraction-only": dict(train_manage=False),
+}
+"""Trained variants: ``TrainConfig`` overrides (UMEM N=3 is the full method)."""
+
+
+@dataclass
+class Evaluation:
+    """Streaming results of one agent, averaged over ``n_streams`` stream orders."""
+
+    accuracy: float  # held-out queries of the training families
+    accuracy_ood: float  # queries of held-out families
+    length: float  # mean executor length (cost) on held-out queries
+    alpha: float  # mean abstraction level written on held-out queries (NaN: none)
+    alpha_ood: float  # mean abstraction level written on held-out families (NaN: none)
+    add_rate: float  # share of ADD among writes that could have overwritten (NaN: none)
+    curve: np.ndarray  # cumulative accuracy along the held-out stream
+    curve_ood: np.ndarray
+    cpu_seconds: float = 0.0  # CPU time of training
+
+
+def evaluate(world: World, executor: Executor, policy: MemPolicy | None, n_streams: int = 3,
+             seed: int = 0, threshold: float = 0.5) -> Evaluation:
+    """Zero-reset streams over ``world.test`` and ``world.ood``, averaged over stream orders."""
+    n_streams = check_count(n_streams, "n_streams", 1)
+    ind = [stream(world, executor, policy, world.test, seed + s, threshold)
+           for s in range(n_streams)]
+    ood = ([stream(world, executor, policy, world.ood, seed + 1000 + s, threshold)
+            for s in range(n_streams)] if world.ood.size else ind)
+    def add_rate(results) -> float:
+        ops = np.concatenate([r.operation for r in results])
+        return float(np.mean(ops[ops >= 0] == 0)) if np.any(ops >= 0) else float("nan")
+
+    def mean_alpha(results) -> float:
+        alphas = np.concatenate([r.alpha for r in results])
+        return float(np.nanmean(alphas)) if np.any(~np.isnan(alphas)) else float("nan")
+
+    return Evaluation(
+        accuracy=float(np.mean([r.accuracy for r in ind])),
+        accuracy_ood=float(np.mean([r.accuracy for r in ood])),
+        length=float(np.mean([r.length.mean() for r in ind])),
+        alpha=mean_alpha(ind),
+        alpha_ood=mean_alpha(ood),
+        add_rate=add_rate(ind),
+        curve=np.mean([r.cumulative for r in ind], axis=0),
+        curve_ood=np.mean([r.cumulative for r in ood], axis=0))
+
+
+def run_replicate(seed: int, executor: Executor, world_kwargs: dict | None = None,
+                  train_kwargs: dict | None = None, variants: dict | None = None,
+                  n_streams: int = 3) -> dict[str, Evaluation]:
+    """One world, every agent: no memory, the untrained policy, and each trained variant.
+
+    Every trained variant starts from the same initial policy (the untrained one), sees the same
+    world, the same number of GRPO updates and the same seed; only the reward's targets and the
+    masked heads differ.
+    """
+    import time
+
+    world = make_world(seed=seed, **(world_kwargs or {}))
+    torch.manual_seed(seed)
+    initial = MemPolicy(world.dim)
+    out = {"no memory": evaluate(world, executor, None, n_streams, seed),
+           "untrained": evaluate(world, executor, initial, n_streams, seed)}
+    for name, overrides in (VARIANTS if variants is None else variants).items():
+        config = TrainConfig(**{**(train_kwargs or {}), **overrides})
+        start = time.process_time()
+        trained = train_policy(world, executor, config, seed, copy.deepcopy(initial))
+        cpu = time.process_time() - start
+        out[name] = evaluate(world, executor, trained.policy, n_streams, seed)
+        out[name].cpu_seconds = cpu
+    return out
+
+
+def lone_memory_gains(world: World, executor: Executor, query: int, insights, targets,
+                      efficiency: bool = False, threshold: float = 0.5) -> np.ndarray:
+    """Exact expected gain of a lone memory written from ``query``, per insight and level
+    (``eq-umem-lone``).
+
+    For every row of ``insights`` (unit vectors, shape ``(n, dim)``) and every abstraction level
+    of :data:`ALPHAS`, the memory ``eq-umem-extract`` is the only entry of the bank. Each target
+    retrieves it when its key ``e(query)`` clears ``threshold``; the reference bank is empty. With
+    common random numbers the expected per-target gain ``eq-umem-gain`` is
+
+    ``(p_mem - p_ref) + min(p_mem, p_ref) (1 - lambda_mem / lambda_ref)``,
+
+    where ``lambda`` is the noise-free part of the length (the log-normal noise cancels in the
+    ratio) and ``min(p_mem, p_ref)`` is the chance that both runs succeed on the same draw.
+    ``efficiency=False`` keeps only the success gain ``p_mem - p_ref``. Returns the mean over
+    ``targets``, shape ``(n, len(ALPHAS))``.
+    """
+    insights = np.atleast_2d(np.asarray(insights, dtype=float))
+    if insights.shape[1] != world.dim:
+        raise ValueError(f"insights must have width {world.dim}, got {insights.shape[1]}")
+    targets = np.atleast_1d(np.asarray(targets, dtype=int))
+    if targets.size == 0:
+        raise ValueError("targets must not be empty")
+    alphas = np.asarray(ALPHAS)[None, :, None]
+    shortcut = world.shortcuts[query]
+    values = _unit(alphas * insights[:, None, :] + (1 - alphas) * shortcut)  # (n, A, d)
+    weight = values @ shortcut  # shortcut content <v, a_q>
+    p_ref = executor.success_probability(0.0, 0.0, 0.0)
+    total = np.zeros(weight.shape)
+    for t in targets:
+        if float(world.embeddings[t] @ world.embeddings[query]) < threshold:
+            continue  # the target does not retrieve the memory: no gain
+        r = np.maximum(0.0, values @ world.rules[world.family[t]])
+        own = int(t) == query
+        h, w = (weight, 0.0) if own else (0.0, weight)
+        z = executor.b0 + executor.b_rule * r + executor.b_own * h - executor.b_mislead * w
+        p = 1 / (1 + np.exp(-z))
+        gain = p - p_ref
+        if efficiency:
+            ratio = (1 - executor.g_rule * r) * (1 + executor.g_mislead * w)
+            gain = gain + np.minimum(p, p_ref) * (1 - ratio)
+        total += gain
+    return total / targets.size
+
+
+def expected_gain_by_alpha(world: World, executor: Executor, query: int, targets,
+                           insight_noise: float | None = None, draws: int = 200,
+                           seed: int = 0, efficiency: bool = False,
+                           threshold: float = 0.5) -> np.ndarray:
+    """Expected gain of a lone memory of each abstraction level on ``targets``, over insights.
+
+    Averages :func:`lone_memory_gains` over ``draws`` insights (a successful trajectory's noise
+    level by default). With ``targets=[query]`` this is the source-only view; with a
+    neighbourhood, the SNM view. ``efficiency=True`` adds the expected efficiency term of
+    ``eq-umem-gain``, so the result is ``eq-umem-lone``: the expected marginal utility that the
+    reward ``eq-umem-reward`` pays (format term excluded) when the bank holds nothing else.
+    """
+    draws = check_count(draws, "draws", 1)
+    rng = np.random.default_rng(seed)
+    s = executor.insight_noise_success if insight_noise is None else insight_noise
+    rule = world.rules[world.family[query]]
+    insights = _unit(rule + s * rng.normal(size=(draws, world.dim)) / np.sqrt(world.dim))
+    return lone_memory_gains(world, executor, query, insights, targets, efficiency,
+                             threshold).mean(axis=0)
+
+
+def lemma_check(embeddings: np.ndarray, pairs: np.ndarray, keys: np.ndarray
+                ) -> tuple[int, int, float]:
+    """The neighbourhood lemma ``eq-umem-lemma`` on many (query, neighbour) pairs at once.
+
+    ``pairs`` holds rows ``(i, j)`` of query ids. Returns the number of (pair, key) cases where
+    ``|e_i.k - e_j.k|`` exceeds ``||e_i - e_j||`` (beyond rounding), the number of cases tested,
+    and the largest ratio of gap to bound (at most 1 when the lemma holds).
+    """
+    pairs = np.asarray(pairs, dtype=int)
+    keys = np.atleast_2d(np.asarray(keys, dtype=float))
+    if pairs.ndim != 2 or pairs.shape[1] != 2:
+        raise ValueError(f"pairs must have shape (n, 2), got {pairs.shape}")
+    if keys.shape[1] != embeddings.shape[1]:
+        raise ValueError(f"keys must have width {embeddings.shape[1]}, got {keys.shape[1]}")
+    if np.any(np.abs(np.linalg.norm(embeddings, axis=1) - 1) > 1e-9) or np.any(
+            np.abs(np.linalg.norm(keys, axis=1) - 1) > 1e-9):
+        raise ValueError("embeddings and keys must be unit vectors")
+    diff = embeddings[pairs[:, 0]] - embeddings[pairs[:, 1]]  # (n, d)
+    gap = np.abs(diff @ keys.T)  # (n, keys)
+    bound = np.linalg.norm(diff, axis=1, keepdims=True)
+    violations = int(np.sum(gap > bound + 1e-12))
+    ratio = float(np.max(gap / np.maximum(bound, 1e-300)))
+    return violations, int(gap.size), ratio
+
+
+def reward_curves(world: World, executor: Executor, sizes=(1, 3, 5), draws: int = 20,
+                  seed: int = 0, threshold: float = 0.5) -> dict:
+    """What the world predicts: expected reward of a lone memory by level (``eq-umem-lone``).
+
+    Averaged over the training queries, with the same insights for every target set:
+
+    * ``"source"``: the expected marginal utility (``eq-umem-gain`` with its efficiency term) on
+      the source query alone, i.e. what the source-only reward pays;
+    * each ``N`` in ``sizes``: the same on ``NN_N(q)``, what UMEM's reward pays;
+    * ``"held-out"``: the expected success gain of a held-out query of the same family that
+      retrieves the memory, i.e. what streaming evaluation measures.
+
+    Each value is an array over :data:`ALPHAS`.
+    """
+    draws = check_count(draws, "draws", 1)
+    rng = np.random.default_rng(seed)
+    neighbours = {n: semantic_neighbourhood(world.embeddings, world.train, n) for n in sizes}
+    out = {key: np.zeros(len(ALPHAS)) for key in ("source", *sizes, "held-out")}
+    s = executor.insight_noise_success
+    for row, q in enumerate(world.train):
+        q = int(q)
+        rule = world.rules[world.family[q]]
+        insights = _unit(rule + s * rng.normal(size=(draws, world.dim)) / np.sqrt(world.dim))
+        out["source"] += lone_memory_gains(world, executor, q, insights, [q], True,
+                                           threshold).mean(0)
+        for n in sizes:
+            out[n] += lone_memory_gains(world, executor, q, insights, neighbours[n][row], True,
+                                        threshold).mean(0)
+        held_out = world.test[world.family[world.test] == world.family[q]]
+        if held_out.size:
+            out["held-out"] += lone_memory_gains(world, executor, q, insights, held_out,
+                                                 False, -np.inf).mean(0)
+    return {key: value / len(world.train) for key, value in out.items()}
