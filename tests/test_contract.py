@@ -87,3 +87,15 @@ def test_prose_speaks_to_readers_only(chapter):
                       if c.cell_type == "markdown")
     found = sorted({m.group(0) for m in INTERNAL_WORDS.finditer(prose)})
     assert not found, f"prose mentions internal material: {found}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=[c.slug for c in CHAPTERS])
+def test_figure_cells_show_only_their_figure(chapter):
+    """myst-nb wraps every output of a figure cell in the figure: a glue or print there makes a
+    second target with the same name, which the strict build rejects."""
+    for cell in read_source(chapter.source).cells:
+        if cell.cell_type == "code" and cell.metadata.get("mystnb", {}).get("figure"):
+            extra = re.findall(r"^(glue_number|glue_text|print|display)\(", cell.source,
+                               re.MULTILINE)
+            name = cell.metadata["mystnb"]["figure"].get("name", "a figure")
+            assert not extra, f"{name}: move {sorted(set(extra))} to a cell of its own"
