@@ -8,7 +8,7 @@ Chapter ``riemannian-meanflow`` of the book. The module has five parts.
   float64, has finite forward-mode derivatives everywhere except at the cut locus (antipodal
   points), and rejects points off the sphere with a ``ValueError``.
 * **Identities**: the Eulerian target {eq}`eq-rmf-eulerian` (two ``torch.func.jvp`` calls), the
-  semigroup residual {eq}`eq-rmf-semigroup`, and :class:`RotationFlow`, an analytic
+  semigroup residual {eq}`eq-rmf-flow-map`, and :class:`RotationFlow`, an analytic
   non-autonomous rotation flow on which both hold exactly.
 * **Models**: :class:`FlowMapNet`, a small MLP with an average-velocity head or an endpoint
   (x1-prediction) head ({eq}`eq-rmf-endpoint`), and its flow map {eq}`eq-rmf-flow-map-exp`.
@@ -35,7 +35,7 @@ from .core import check_count, check_positive
 
 # --- Geometry --------------------------------------------------------------------------------
 
-_ON_SPHERE_TOL = {torch.float32: 1e-4, torch.float64: 1e-9}
+_ON_SPHERE_TOL = {torch.float32: 1e-4, torch.float64: 1e-6}
 _SMALL_SQ = {torch.float32: 1e-8, torch.float64: 1e-16}  # squared norms below: Taylor branch
 
 
@@ -51,10 +51,12 @@ def check_on_sphere(x: Tensor, name: str = "x") -> Tensor:
     """Return ``x`` if every row (last axis) is a finite unit vector, else raise ``ValueError``."""
     dtype = _float_dtype(x, name)
     if x.ndim < 1 or x.shape[-1] < 2:
-        raise ValueError(f"{name} must have points along its last axis (D >= 2), got {tuple(x.shape)}")
-    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} must have points along its last axis (D >= 2), "
+                         f"got {tuple(x.shape)}")
+    x_value = x.detach()
+    if not bool(torch.isfinite(x_value).all()):
         raise ValueError(f"{name} contains NaN or infinite values")
-    err = (x.norm(dim=-1) - 1).abs().max()
+    err = (x_value.norm(dim=-1) - 1).abs().max()
     if float(err) > _ON_SPHERE_TOL[dtype]:
         raise ValueError(f"{name} is off the unit sphere (largest | |x| - 1 | = {float(err):.3g})")
     return x
@@ -66,12 +68,14 @@ def check_tangent(x: Tensor, u: Tensor, name: str = "u") -> Tensor:
     if u.shape != x.shape:
         raise ValueError(f"{name} must have the shape of the base points {tuple(x.shape)}, "
                          f"got {tuple(u.shape)}")
-    if not bool(torch.isfinite(u).all()):
+    x_value, u_value = x.detach(), u.detach()
+    if not bool(torch.isfinite(u_value).all()):
         raise ValueError(f"{name} contains NaN or infinite values")
-    inner = (x * u).sum(-1).abs()
-    bound = _ON_SPHERE_TOL[u.dtype] * (1 + u.norm(dim=-1))
+    inner = (x_value * u_value).sum(-1).abs()
+    bound = _ON_SPHERE_TOL[u.dtype] * (1 + u_value.norm(dim=-1))
     if bool((inner > bound).any()):
-        raise ValueError(f"{name} is not tangent at x (largest |<x, u>| = {float(inner.max()):.3g})")
+        raise ValueError(f"{name} is not tangent at x "
+                         f"(largest |<x, u>| = {float(inner.max()):.3g})")
     return u
 
 
@@ -85,6 +89,16 @@ def proju(x: Tensor, u: Tensor) -> Tensor:
     return u - (x * u).sum(-1, keepdim=True) * x
 
 
+def _exp(x: Tensor, u: Tensor) -> Tensor:
+    """:func:`expmap` without input checks (inner loops of training and sampling)."""
+    n2 = (u * u).sum(-1, keepdim=True)
+    small = n2 < _SMALL_SQ[u.dtype]
+    n = torch.sqrt(torch.where(small, torch.ones_like(n2), n2))
+    cos_n = torch.where(small, 1 - n2 / 2, torch.cos(n))
+    sinc = torch.where(small, 1 - n2 / 6, torch.sin(n) / n)
+    return projx(cos_n * x + sinc * u)
+
+
 def expmap(x: Tensor, u: Tensor) -> Tensor:
     """Exponential map exp_x(u) = cos|u| x + sin|u| u/|u| ({eq}`eq-rmf-exp-log`).
 
@@ -93,12 +107,23 @@ def expmap(x: Tensor, u: Tensor) -> Tensor:
     """
     check_on_sphere(x)
     check_tangent(x, u)
-    n2 = (u * u).sum(-1, keepdim=True)
-    small = n2 < _SMALL_SQ[u.dtype]
-    n = torch.sqrt(torch.where(small, torch.ones_like(n2), n2))
-    cos_n = torch.where(small, 1 - n2 / 2, torch.cos(n))
-    sinc = torch.where(small, 1 - n2 / 6, torch.sin(n) / n)
-    return projx(cos_n * x + sinc * u)
+    return _exp(x, u)
+
+
+def _log(x: Tensor, y: Tensor, at_cut: str = "zero") -> Tensor:
+    """:func:`logmap` without the on-sphere checks (inner loops); ``at_cut`` as there."""
+    eps = _SMALL_SQ[x.dtype]
+    c = (x * y).sum(-1, keepdim=True).clamp(-1, 1)
+    w = y - c * x
+    r2 = (w * w).sum(-1, keepdim=True)
+    small = r2 < eps
+    antipodal = small & (c < 0)
+    if at_cut == "raise" and bool(antipodal.any()):
+        raise ValueError("y is antipodal to x (the cut locus): log_x(y) is not unique")
+    r = torch.sqrt(torch.where(small, torch.ones_like(r2), r2))
+    c_safe = torch.where(small & (c > 0), c, torch.ones_like(c))
+    factor = torch.where(small, 1 / c_safe - r2 / (3 * c_safe**3), torch.atan2(r, c) / r)
+    return torch.where(antipodal, torch.zeros_like(w), factor * w)
 
 
 def logmap(x: Tensor, y: Tensor, *, at_cut: str = "raise") -> Tensor:
@@ -116,30 +141,25 @@ def logmap(x: Tensor, y: Tensor, *, at_cut: str = "raise") -> Tensor:
     check_on_sphere(x)
     check_on_sphere(y, "y")
     if x.shape != y.shape:
-        raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)}, {tuple(y.shape)}")
-    eps = _SMALL_SQ[x.dtype]
-    c = (x * y).sum(-1, keepdim=True).clamp(-1, 1)
-    w = y - c * x
-    r2 = (w * w).sum(-1, keepdim=True)
-    small = r2 < eps
-    antipodal = small & (c < 0)
-    if at_cut == "raise" and bool(antipodal.any()):
-        raise ValueError("y is antipodal to x (the cut locus): log_x(y) is not unique")
-    r = torch.sqrt(torch.where(small, torch.ones_like(r2), r2))
-    c_safe = torch.where(small & (c > 0), c, torch.ones_like(c))
-    factor = torch.where(small, 1 / c_safe - r2 / (3 * c_safe**3), torch.atan2(r, c) / r)
-    return torch.where(antipodal, torch.zeros_like(w), factor * w)
+        raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)}, "
+                         f"{tuple(y.shape)}")
+    return _log(x, y, at_cut)
+
+
+def _sq_dist(x: Tensor, y: Tensor) -> Tensor:
+    """:func:`sq_dist` without input checks."""
+    c2 = ((x - y) ** 2).sum(-1)
+    small = c2 < _SMALL_SQ[x.dtype]
+    c = torch.sqrt(torch.where(small, torch.ones_like(c2), c2))
+    half = torch.clamp(c / 2, max=1.0)
+    return torch.where(small, c2 + c2**2 / 12, (2 * torch.asin(half)) ** 2)
 
 
 def sq_dist(x: Tensor, y: Tensor) -> Tensor:
     """Squared geodesic distance d(x, y)^2 = (2 asin(|x - y|/2))^2, smooth at ``x = y``."""
     check_on_sphere(x)
     check_on_sphere(y, "y")
-    c2 = ((x - y) ** 2).sum(-1)
-    small = c2 < _SMALL_SQ[x.dtype]
-    c = torch.sqrt(torch.where(small, torch.ones_like(c2), c2))
-    half = torch.clamp(c / 2, max=1.0)
-    return torch.where(small, c2 + c2**2 / 12, (2 * torch.asin(half)) ** 2)
+    return _sq_dist(x, y)
 
 
 def dist(x: Tensor, y: Tensor) -> Tensor:
@@ -151,12 +171,13 @@ def _check_times(t: Tensor, s: Tensor | None = None) -> None:
     for value, name in ((t, "t"), (s, "s")):
         if value is None:
             continue
+        value = value.detach()
         if not bool(torch.isfinite(value).all()):
             raise ValueError(f"{name} contains NaN or infinite values")
         if bool(((value < 0) | (value > 1)).any()):
             raise ValueError(f"times must lie in [0, 1], got {name} in "
                              f"[{float(value.min()):.3g}, {float(value.max()):.3g}]")
-    if s is not None and bool((s < t).any()):
+    if s is not None and bool((s.detach() < t.detach()).any()):
         raise ValueError("the flow map X_{t,s} needs s >= t (forward in time)")
 
 
@@ -221,7 +242,8 @@ class RotationFlow:
     (Rodrigues' formula), so every identity of the chapter can be checked on it exactly.
     """
 
-    axis: Tensor = field(default_factory=lambda: torch.tensor([0.3, -0.5, 0.8], dtype=torch.float64))
+    axis: Tensor = field(
+        default_factory=lambda: torch.tensor([0.3, -0.5, 0.8], dtype=torch.float64))
 
     def __post_init__(self):
         if not isinstance(self.axis, Tensor) or self.axis.shape != (3,):
@@ -229,7 +251,7 @@ class RotationFlow:
         self.omega = _skew(self.axis)
 
     @staticmethod
-    def F(t: Tensor) -> Tensor:
+    def time_change(t: Tensor) -> Tensor:
         return t + t**3 / 3
 
     def velocity(self, x: Tensor, t: Tensor) -> Tensor:
@@ -248,7 +270,7 @@ class RotationFlow:
     def flow(self, x: Tensor, t, s) -> Tensor:
         """X_{t,s}(x), exact."""
         t, s = _time(t, x, "t"), _time(s, x, "s")
-        rot = self.rotation(self.F(s) - self.F(t))
+        rot = self.rotation(self.time_change(s) - self.time_change(t))
         return (rot @ x[..., None])[..., 0]
 
     def average_velocity(self, x: Tensor, t, s) -> Tensor:
@@ -257,13 +279,22 @@ class RotationFlow:
         return logmap(x, self.flow(x, t, s)) / (s - t)[..., None]
 
 
+def _jump(u_fn: Callable, x: Tensor, t, s) -> Tensor:
+    """:func:`flow_map_from_velocity` without input checks (inner loops)."""
+    t, s = _time(t, x, "t"), _time(s, x, "s")
+    return _exp(x, (s - t)[..., None] * u_fn(x, t, s))
+
+
 def flow_map_from_velocity(u_fn: Callable, x: Tensor, t, s) -> Tensor:
     """X_{t,s}(x) = exp_x((s - t) u_{t,s}(x)) ({eq}`eq-rmf-flow-map-exp`)."""
+    check_on_sphere(x)
     t, s = _time(t, x, "t"), _time(s, x, "s")
-    return expmap(x, (s - t)[..., None] * u_fn(x, t, s))
+    _check_times(t, s)
+    return _jump(u_fn, x, t, s)
 
 
-def eulerian_target(u_fn: Callable, x: Tensor, t: Tensor, s: Tensor, v: Tensor):
+def eulerian_target(u_fn: Callable, x: Tensor, t: Tensor, s: Tensor, v: Tensor, *,
+                    check: bool = True):
     """The right side of the Riemannian MeanFlow identity {eq}`eq-rmf-eulerian`.
 
     Returns ``(u, target)`` with ``u = u_{t,s}(x)`` and
@@ -272,23 +303,27 @@ def eulerian_target(u_fn: Callable, x: Tensor, t: Tensor, s: Tensor, v: Tensor):
     tangent ``(v, 1)`` in ``(x, t)``; the second JVP differentiates the logarithm in its base point.
     The identity holds (``u == target``) exactly when ``u`` is the average velocity of the flow
     of ``v``; with the conditional velocity it is the regression target of the Eulerian loss.
+    ``check=False`` skips the input checks (the training loop).
     """
-    t, s = _time(t, x, "t"), _time(s, x, "s")
-    _check_times(t, s)
+    if check:
+        check_on_sphere(x)
+        check_tangent(x, v, "v")
+        t, s = _time(t, x, "t"), _time(s, x, "s")
+        _check_times(t, s)
 
     def u_of(x_, t_):
         return u_fn(x_, t_, s)
 
     u, du_dt = jvp(u_of, (x, t), (v, torch.ones_like(t)))
     du_dt = proju(x, du_dt)
-    y = expmap(x, (s - t)[..., None] * u).detach()
-    _, dlog = jvp(lambda x_: logmap(x_, y, at_cut="zero"), (x,), (v,))
+    y = _exp(x, (s - t)[..., None] * u).detach()
+    _, dlog = jvp(lambda x_: _log(x_, y), (x,), (v,))
     dlog = proju(x, dlog)
     return u, (s - t)[..., None] * du_dt - dlog
 
 
 def semigroup_residual(u_fn: Callable, x: Tensor, t, s, r) -> Tensor:
-    """d(X_{t,r}(x), X_{s,r}(X_{t,s}(x))) for t <= s <= r ({eq}`eq-rmf-semigroup`), per point."""
+    """d(X_{t,r}(x), X_{s,r}(X_{t,s}(x))) for t <= s <= r ({eq}`eq-rmf-flow-map`), per point."""
     t, s, r = _time(t, x, "t"), _time(s, x, "s"), _time(r, x, "r")
     _check_times(t, s)
     _check_times(s, r)
@@ -315,12 +350,17 @@ def dlog_closed_form(x: Tensor, y: Tensor, v: Tensor) -> Tensor:
 # --- Targets and the metric ------------------------------------------------------------------
 
 
-def spiral(n: int, *, turns: float = 3.0, noise: float = 0.05, seed: int = 0,
-           dtype=torch.float64) -> Tensor:
-    """A noisy spiral on S^2 from near the north pole to near the south pole.
+SPIRAL_POLAR = (0.1, 0.6)
+"""Polar range of :func:`spiral`, in units of pi: from near the north pole to below the equator."""
 
-    Draw tau ~ U(0, 1), polar angle pi (0.1 + 0.8 tau), azimuth 2 pi turns tau, then move the
-    point by exp_x of an isotropic tangent Gaussian with standard deviation ``noise``.
+
+def spiral(n: int, *, turns: float = 1.5, noise: float = 0.08, seed: int = 0,
+           dtype=torch.float64) -> Tensor:
+    """A noisy spiral on S^2 that winds down from near the north pole.
+
+    Draw tau ~ U(0, 1), polar angle pi (a + (b - a) tau) with (a, b) = :data:`SPIRAL_POLAR`,
+    azimuth 2 pi turns tau, then move the point by exp_x of an isotropic tangent Gaussian with
+    standard deviation ``noise``.
     """
     n = check_count(n, "n", 1)
     check_positive(turns, "turns")
@@ -328,7 +368,8 @@ def spiral(n: int, *, turns: float = 3.0, noise: float = 0.05, seed: int = 0,
         raise ValueError(f"noise must be a non-negative number, got {noise!r}")
     generator = torch.Generator().manual_seed(check_count(seed, "seed"))
     tau = torch.rand(n, generator=generator, dtype=torch.float64)
-    polar = math.pi * (0.1 + 0.8 * tau)
+    a, b = SPIRAL_POLAR
+    polar = math.pi * (a + (b - a) * tau)
     azimuth = 2 * math.pi * turns * tau
     x = torch.stack([torch.sin(polar) * torch.cos(azimuth), torch.sin(polar) * torch.sin(azimuth),
                      torch.cos(polar)], -1)
@@ -336,15 +377,16 @@ def spiral(n: int, *, turns: float = 3.0, noise: float = 0.05, seed: int = 0,
     return expmap(x, eps).to(dtype)
 
 
-def spiral_point(tau: float, turns: float = 3.0) -> Tensor:
+def spiral_point(tau: float, turns: float = 1.5) -> Tensor:
     """The noise-free spiral point at parameter ``tau`` in [0, 1] (float64, shape (3,))."""
-    polar, azimuth = math.pi * (0.1 + 0.8 * tau), 2 * math.pi * turns * tau
+    a, b = SPIRAL_POLAR
+    polar, azimuth = math.pi * (a + (b - a) * tau), 2 * math.pi * turns * tau
     return torch.tensor([math.sin(polar) * math.cos(azimuth), math.sin(polar) * math.sin(azimuth),
                          math.cos(polar)], dtype=torch.float64)
 
 
 def sample_vmf(mu: Tensor, kappa: float, n: int, generator: torch.Generator) -> Tensor:
-    """``n`` draws from the von Mises-Fisher distribution on S^2 with mean ``mu``, concentration kappa.
+    """``n`` draws from the von Mises-Fisher distribution on S^2 (mean ``mu``, concentration kappa).
 
     Exact inversion for S^2: w = <x, mu> = 1 + log(U + (1 - U) e^{-2 kappa})/kappa, with a
     uniform direction in T_mu S^2.
@@ -357,7 +399,8 @@ def sample_vmf(mu: Tensor, kappa: float, n: int, generator: torch.Generator) -> 
     uniform = torch.rand(n, generator=generator, dtype=torch.float64)
     w = 1 + torch.log(uniform + (1 - uniform) * math.exp(-2 * kappa)) / kappa
     w = w.clamp(-1, 1)
-    direction = proju(mu.expand(n, 3), torch.randn(n, 3, generator=generator, dtype=torch.float64))
+    noise = torch.randn(n, 3, generator=generator, dtype=torch.float64)
+    direction = proju(mu.expand(n, 3), noise)
     direction = direction / direction.norm(dim=-1, keepdim=True)
     return projx(w[:, None] * mu + torch.sqrt(1 - w[:, None] ** 2) * direction)
 
@@ -367,7 +410,7 @@ VMF_MEANS = projx(torch.tensor([[1.0, 0.2, 0.4], [-0.6, 0.8, 0.1], [0.1, -0.7, 0
 """The five fixed component means of :func:`vmf_mixture`."""
 
 
-def vmf_mixture(n: int, *, kappa: float = 40.0, seed: int = 0, dtype=torch.float64) -> Tensor:
+def vmf_mixture(n: int, *, kappa: float = 20.0, seed: int = 0, dtype=torch.float64) -> Tensor:
     """``n`` draws from an equal-weight mixture of five von Mises-Fisher components on S^2."""
     n = check_count(n, "n", 1)
     generator = torch.Generator().manual_seed(check_count(seed, "seed"))
@@ -437,7 +480,8 @@ class FlowMapNet(nn.Module):
 
     def features(self, x: Tensor, t: Tensor, s: Tensor) -> Tensor:
         gap = s - t
-        angles = torch.cat([t[:, None] * self.freqs.to(x.dtype), gap[:, None] * self.freqs.to(x.dtype)], -1)
+        freqs = self.freqs.to(x.dtype)
+        angles = torch.cat([t[:, None] * freqs, gap[:, None] * freqs], -1)
         return torch.cat([x, t[:, None], gap[:, None], torch.sin(angles), torch.cos(angles)], -1)
 
     def average_velocity(self, x: Tensor, t, s) -> Tensor:
@@ -446,7 +490,7 @@ class FlowMapNet(nn.Module):
         out = self.net(self.features(x, t, s))
         if self.head == "endpoint":
             x1_hat = projx(out)
-            return logmap(x, x1_hat, at_cut="zero") / (1 - t).clamp_min(1e-3)[:, None]
+            return _log(x, x1_hat) / (1 - t).clamp_min(1e-3)[:, None]
         u = proju(x, out)
         r2 = (u * u).sum(-1, keepdim=True)
         r = torch.sqrt(r2 + 1e-12)
@@ -459,9 +503,11 @@ class FlowMapNet(nn.Module):
 
     def flow_map(self, x: Tensor, t, s) -> Tensor:
         """X_{t,s}(x) = exp_x((s - t) u_{t,s}(x)) ({eq}`eq-rmf-flow-map-exp`)."""
-        t, s = _time(t, x, "t"), _time(s, x, "s")
-        _check_times(t, s)
         return flow_map_from_velocity(self.average_velocity, x, t, s)
+
+    def _flow_map(self, x: Tensor, t, s) -> Tensor:
+        """:meth:`flow_map` without input checks (training and sampling loops)."""
+        return _jump(self.average_velocity, x, t, s)
 
 
 # --- Training --------------------------------------------------------------------------------
@@ -474,7 +520,12 @@ def _down_weight(t: Tensor, t_clip: float = 0.1) -> Tensor:
 
 @dataclass
 class Batch:
-    """One training batch: the path point x_t, its conditional velocity, and the times."""
+    """One training batch: the path point x_t, its conditional velocity, and the times.
+
+    ``t_fm``, ``xt_fm``, ``v_fm`` are the time, path point and conditional velocity of the
+    flow-matching term: the same as ``t``, ``xt``, ``v`` for ``times="pair"``, an independent
+    uniform time on the same (x0, x1) pairs for ``times="three"``.
+    """
 
     x0: Tensor
     x1: Tensor
@@ -483,46 +534,89 @@ class Batch:
     t: Tensor
     s: Tensor
     r: Tensor
+    t_fm: Tensor
+    xt_fm: Tensor
+    v_fm: Tensor
+
+
+TIME_SAMPLERS = ("pair", "three")
+"""How :func:`make_batch` draws times: ordered pairs (RFM, Eulerian) or triples (semigroup)."""
+
+
+def _ordered_pair(n: int, generator: torch.Generator, boundary_ratio: float):
+    """t <= s from two uniforms (min, max); a fraction ``boundary_ratio`` of rows has s = t.
+
+    ``t`` is capped at 0.999 (the path velocity has 1/(1 - t)); boundary rows keep s = t exactly.
+    """
+    raw = torch.rand(n, 2, generator=generator, dtype=torch.float64)
+    boundary = torch.rand(n, generator=generator, dtype=torch.float64) < boundary_ratio
+    t = torch.where(boundary, raw[:, 0], raw.min(-1).values).clamp(max=0.999)
+    s = torch.where(boundary, t, raw.max(-1).values)
+    return t, s
 
 
 def make_batch(x1: Tensor, generator: torch.Generator, *, boundary_ratio: float = 0.75,
-               dtype=torch.float32) -> Batch:
+               times: str = "pair", min_gap: float = 0.01, dtype=torch.float32) -> Batch:
     """Pair data with prior draws and sample times (path computed in float64, then cast).
 
-    ``t <= s <= r`` are three sorted uniforms; a fraction ``boundary_ratio`` of rows gets
-    ``s = t`` (as in MeanFlow). ``t`` is capped at 0.999 (the path velocity has 1/(1 - t)).
+    ``times="pair"``: ``t <= s`` are the minimum and maximum of two uniforms, and a fraction
+    ``boundary_ratio`` of rows gets ``s = t`` (one uniform), as in MeanFlow; ``r = s``.
+    ``boundary_ratio=1`` gives one uniform time per row (flow matching).
+    ``times="three"`` (semigroup loss): ``t <= r`` as above with ``r - t >= min_gap`` and
+    ``s = (t + r)/2``, the authors' midpoint three-point sampler; the flow-matching term then gets
+    its own uniform time, so that it is exactly the RFM baseline's loss. Times are capped at 0.999
+    (the path velocity has 1/(1 - t)).
     """
     if not 0 <= boundary_ratio <= 1:
         raise ValueError(f"boundary_ratio must lie in [0, 1], got {boundary_ratio}")
+    if times not in TIME_SAMPLERS:
+        raise ValueError(f"times must be one of {', '.join(TIME_SAMPLERS)}, got {times!r}")
+    if not 0 <= min_gap < 1:
+        raise ValueError(f"min_gap must lie in [0, 1), got {min_gap}")
     n = x1.shape[0]
-    x1 = x1.to(torch.float64)
+    x1 = projx(x1.to(torch.float64))
     x0 = _uniform_sphere(n, x1.shape[1], generator, torch.float64)
     # redraw the (probability ~1e-16) prior points that fall on the cut locus of their data point
     bad = (x0 * x1).sum(-1) < -1 + 1e-12
     x0[bad] = projx(x0[bad] + 0.1 * torch.randn(int(bad.sum()), x1.shape[1], generator=generator,
                                                 dtype=torch.float64))
-    times = torch.sort(torch.rand(n, 3, generator=generator, dtype=torch.float64), -1).values
-    times = times.clamp(max=0.999)
-    t, s, r = times.unbind(-1)
-    boundary = torch.rand(n, generator=generator, dtype=torch.float64) < boundary_ratio
-    s = torch.where(boundary, t, s)
-    xt = geodesic(x0, x1, t)
-    v = conditional_velocity(xt, x1, t)
-    cast = [z.to(dtype) for z in (x0, x1, xt, v, t, s, r)]
-    cast[2] = projx(cast[2])
-    cast[3] = proju(cast[2], cast[3])
-    return Batch(*cast)
+    t, s = _ordered_pair(n, generator, boundary_ratio)
+    if times == "three":
+        r = torch.maximum(s, t + min_gap)
+        t = torch.where(r > 1, 1 - min_gap, t)
+        r = r.clamp(max=1.0)
+        s = (t + r) / 2
+        t_fm = torch.rand(n, generator=generator, dtype=torch.float64)
+    else:
+        r = s
+        t_fm = t
+    log01 = _log(x0, x1)
+
+    def path(time):
+        time = time.clamp(max=0.999)
+        xt = _exp(x0, time[:, None] * log01)
+        v = _log(xt, x1) / (1 - time[:, None])
+        xt32 = projx(xt.to(dtype))
+        return time.to(dtype), xt32, proju(xt32, v.to(dtype))
+
+    t, xt, v = path(t)
+    t_fm, xt_fm, v_fm = (t, xt, v) if times == "pair" else path(t_fm)
+    return Batch(x0.to(dtype), x1.to(dtype), xt, v, t, s.to(dtype), r.to(dtype), t_fm, xt_fm,
+                 v_fm)
 
 
 def flow_matching_loss(model: FlowMapNet, batch: Batch) -> Tensor:
-    """Riemannian flow matching ({eq}`eq-rmf-rfm-loss`): |u_{t,t}(x_t) - v_t(x_t | x1)|^2."""
-    err = model.velocity(batch.xt, batch.t) - batch.v
-    return (_down_weight(batch.t) * (err**2).sum(-1)).mean()
+    """Riemannian flow matching ({eq}`eq-rmf-rfm-loss`): |u_{t,t}(x_t) - v_t(x_t | x1)|^2.
+
+    Uses the batch's flow-matching time ``t_fm`` (uniform), down-weighted near t = 1."""
+    err = model.velocity(batch.xt_fm, batch.t_fm) - batch.v_fm
+    return (_down_weight(batch.t_fm) * (err**2).sum(-1)).mean()
 
 
 def eulerian_loss(model: FlowMapNet, batch: Batch) -> Tensor:
     """RMF Eulerian loss ({eq}`eq-rmf-eulerian-loss`): |u - sg(target)|^2 with the conditional v."""
-    u, target = eulerian_target(model.average_velocity, batch.xt, batch.t, batch.s, batch.v)
+    u, target = eulerian_target(model.average_velocity, batch.xt, batch.t, batch.s, batch.v,
+                                check=False)
     err = u - target.detach()
     return (_down_weight(batch.t) * (err**2).sum(-1)).mean()
 
@@ -531,14 +625,20 @@ def semigroup_loss(model: FlowMapNet, batch: Batch) -> Tensor:
     """RMF semigroup loss ({eq}`eq-rmf-semigroup-loss`): flow matching plus
     d(X_{t,r}(x_t), sg[X_{s,r}(X_{t,s}(x_t))])^2, both down-weighted near t = 1. JVP-free."""
     with torch.no_grad():
-        two_hops = model.flow_map(model.flow_map(batch.xt, batch.t, batch.s), batch.s, batch.r)
-    direct = model.flow_map(batch.xt, batch.t, batch.r)
+        two_hops = model._flow_map(model._flow_map(batch.xt, batch.t, batch.s), batch.s, batch.r)
+    direct = model._flow_map(batch.xt, batch.t, batch.r)
     w = _down_weight(batch.t)
-    return (w * sq_dist(direct, two_hops)).mean() + flow_matching_loss(model, batch)
+    return (w * _sq_dist(direct, two_hops)).mean() + flow_matching_loss(model, batch)
 
 
 LOSSES = {"rfm": flow_matching_loss, "eulerian": eulerian_loss, "semigroup": semigroup_loss}
 """Training objectives by name: the RFM baseline and the two RMF losses."""
+
+TIME_SETTINGS = {"rfm": ("pair", 1.0), "eulerian": ("pair", 0.75), "semigroup": ("three", 0.0)}
+"""Default (time sampler, boundary ratio) per loss, as in the authors' toy configurations: one
+uniform time for flow matching, ordered pairs with three quarters of rows at ``s = t`` for the
+Eulerian loss, midpoint triples without boundary rows for the semigroup loss (its flow-matching
+term anchors the boundary)."""
 
 
 @dataclass
@@ -552,10 +652,11 @@ class TrainResult:
 
 def train(data: Tensor, loss: str, *, steps: int = 2000, batch_size: int = 256, lr: float = 2e-3,
           seed: int = 0, head: str = "velocity", hidden: int = 128, depth: int = 3,
-          boundary_ratio: float = 0.75) -> TrainResult:
+          boundary_ratio: float | None = None) -> TrainResult:
     """Train a :class:`FlowMapNet` on ``data`` (points on S^2) with ``loss`` (a key of LOSSES).
 
-    Adam with a cosine learning-rate decay; float32. The RFM baseline uses only ``s = t``.
+    Adam with a cosine learning-rate decay; float32. Times are drawn as in :data:`TIME_SETTINGS`
+    (the RFM baseline uses only ``s = t``); ``boundary_ratio`` overrides the RMF losses' default.
     """
     import time
 
@@ -570,18 +671,20 @@ def train(data: Tensor, loss: str, *, steps: int = 2000, batch_size: int = 256, 
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
     objective = LOSSES[loss]
-    ratio = 1.0 if loss == "rfm" else boundary_ratio
+    times, ratio = TIME_SETTINGS[loss]
+    if boundary_ratio is not None and loss != "rfm":
+        ratio = boundary_ratio
     losses = np.empty(steps)
     start = time.perf_counter()
     for step in range(steps):
         idx = torch.randint(0, data.shape[0], (batch_size,), generator=generator)
-        batch = make_batch(data[idx], generator, boundary_ratio=ratio)
+        batch = make_batch(data[idx], generator, boundary_ratio=ratio, times=times)
         value = objective(model, batch)
         optimizer.zero_grad()
         value.backward()
         optimizer.step()
         schedule.step()
-        losses[step] = float(value)
+        losses[step] = value.item()
     seconds = (time.perf_counter() - start) / steps
     if not np.all(np.isfinite(losses)):
         raise FloatingPointError(f"training with {loss} produced a non-finite loss")
@@ -598,34 +701,36 @@ def _grid(steps: int) -> list[float]:
 
 @torch.no_grad()
 def sample_flow_map(model: FlowMapNet, x0: Tensor, steps: int) -> Tensor:
-    """RMF sampler: x <- X_{t_k, t_{k+1}}(x) on a uniform grid of ``steps`` intervals (NFE = steps)."""
+    """RMF sampler: x <- X_{t_k, t_{k+1}}(x) on a uniform grid of ``steps`` intervals (NFE)."""
     check_on_sphere(x0, "x0")
     grid = _grid(steps)
     x = x0
     for t, s in zip(grid[:-1], grid[1:], strict=True):
-        x = model.flow_map(x, t, s)
+        x = model._flow_map(x, t, s)
     return x
 
 
 @torch.no_grad()
 def sample_euler(model: FlowMapNet, x0: Tensor, steps: int) -> Tensor:
-    """RFM sampler: exp-map Euler x <- exp_x(dt v_t(x)) with ``steps`` steps (NFE = steps)."""
+    """RFM sampler: exp-map Euler x <- exp_x(dt v_t(x)), ``steps`` steps (NFE = steps)."""
     check_on_sphere(x0, "x0")
     grid = _grid(steps)
     x = x0
     for t, s in zip(grid[:-1], grid[1:], strict=True):
-        x = expmap(x, (s - t) * model.velocity(x, t))
+        x = _exp(x, (s - t) * model.velocity(x, t))
     return x
 
 
 def sample_guided(model: FlowMapNet, x0: Tensor, steps: int, reward: Callable[[Tensor], Tensor],
-                  scale: float, mode: str = "lookahead") -> Tensor:
+                  scale: float, mode: str = "lookahead", match_norm: bool = False) -> Tensor:
     """Reward-guided flow-map sampling ({eq}`eq-rmf-guidance`).
 
     At each step t -> s: ``g = P_x grad_x R(X_{t,1}(x))`` (``mode="lookahead"``: the reward of the
     one-jump prediction of the endpoint) or ``g = P_x grad R(x)`` (``mode="current"``), then
     ``x <- exp_x((s - t)(u_{t,s}(x) + scale g))``. ``scale = 0`` or ``mode="none"`` is the
     unguided sampler. Look-ahead costs one extra network evaluation and one backward pass per step.
+    ``match_norm=True`` (look-ahead only) rescales each look-ahead vector to the norm of the
+    current-state vector at the same point, so that the two modes differ in direction only.
     """
     if mode not in ("lookahead", "current", "none"):
         raise ValueError(f"mode must be 'lookahead', 'current' or 'none', got {mode!r}")
@@ -639,10 +744,45 @@ def sample_guided(model: FlowMapNet, x0: Tensor, steps: int, reward: Callable[[T
             g = torch.zeros_like(x)
         else:
             xg = x.detach().requires_grad_(True)
-            point = model.flow_map(xg, t, 1.0) if mode == "lookahead" else xg
+            point = model._flow_map(xg, t, 1.0) if mode == "lookahead" else xg
             (grad,) = torch.autograd.grad(reward(point).sum(), xg)
             g = proju(x, grad)
+            if match_norm and mode == "lookahead":
+                xc = x.detach().requires_grad_(True)
+                (grad_now,) = torch.autograd.grad(reward(xc).sum(), xc)
+                target = proju(x, grad_now).norm(dim=-1, keepdim=True)
+                g = g * target / g.norm(dim=-1, keepdim=True).clamp_min(1e-12)
         with torch.no_grad():
             u = model.average_velocity(x, t, s)
-            x = expmap(x, (s - t) * (u + scale * g))
+            x = _exp(x, (s - t) * (u + scale * g))
     return x.detach()
+
+
+# --- Evaluation helpers ----------------------------------------------------------------------
+
+
+def mmd_by_steps(model: FlowMapNet, x0: Tensor, reference: Tensor, steps: tuple[int, ...],
+                 sampler: str = "flow_map", h: float = 0.2) -> dict[int, float]:
+    """MMD between ``sampler`` outputs from ``x0`` and ``reference`` for each number of steps."""
+    samplers = {"flow_map": sample_flow_map, "euler": sample_euler}
+    if sampler not in samplers:
+        raise ValueError(f"sampler must be one of {', '.join(samplers)}, got {sampler!r}")
+    return {n: mmd(samplers[sampler](model, x0, n), reference, h) for n in steps}
+
+
+def orthographic(x: Tensor, view=(1.0, 0.6, 0.8)) -> tuple[np.ndarray, np.ndarray]:
+    """Orthographic projection of points on S^2 seen from direction ``view``.
+
+    Returns the 2-D coordinates and a mask of the points on the visible (front) hemisphere.
+    """
+    check_on_sphere(x)
+    if x.shape[-1] != 3:
+        raise ValueError("orthographic projections are for points on S^2 (shape (n, 3))")
+    w = torch.tensor(view, dtype=torch.float64)
+    w = w / w.norm()
+    up = torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64)
+    e1 = torch.linalg.cross(up, w)
+    e1 = e1 / e1.norm()
+    e2 = torch.linalg.cross(w, e1)
+    xd = x.detach().to(torch.float64)
+    return torch.stack([xd @ e1, xd @ e2], -1).numpy(), (xd @ w > 0).numpy()
