@@ -467,7 +467,8 @@ def execute_chapters(
     record carries the error and its page says why. Records come back in book order."""
     total = len(selected)
     position = {c.slug: i for i, c in enumerate(selected, start=1)}
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    # with several jobs each kernel gets its share of the cores; one job keeps chapters' defaults
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
     records: dict[str, RunRecord] = {}
 
     def output(chapter: Chapter) -> Path:
