@@ -1,5 +1,6 @@
 """The chapter contract of CONTRIBUTING.md, checked on every chapter in the table of contents."""
 
+import ast
 import re
 
 import pytest
@@ -99,3 +100,18 @@ def test_figure_cells_show_only_their_figure(chapter):
                                re.MULTILINE)
             name = cell.metadata["mystnb"]["figure"].get("name", "a figure")
             assert not extra, f"{name}: move {sorted(set(extra))} to a cell of its own"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=[c.slug for c in CHAPTERS])
+def test_figure_cells_end_without_a_value(chapter):
+    """A figure cell's last line must not be an expression that displays a value (a table, a
+    figure object): it would be a second output in the figure."""
+    for cell in read_source(chapter.source).cells:
+        if cell.cell_type != "code" or not cell.metadata.get("mystnb", {}).get("figure"):
+            continue
+        last = ast.parse(cell.source).body[-1]
+        shows_nothing = isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) and (
+            getattr(last.value.func, "attr", "") == "show"
+            or getattr(last.value.func, "id", "") == "explore")
+        assert not isinstance(last, ast.Expr) or shows_nothing, (
+            f"{cell.metadata['mystnb']['figure'].get('name')}: the cell ends with a value")

@@ -70,7 +70,8 @@ def explore(function: Callable, **controls):
     bool); the initial values are ``function``'s own defaults, which every control needs. When the
     book's pipeline executes the chapter (``ICML26_OFFLINE=1``, no widget frontend) the function
     runs once at those defaults, so the rendered page shows a static figure; in Jupyter the
-    controls move it live.
+    controls move it live. Returns None, so the cell shows nothing else (a second output of a
+    figure cell would break the strict build).
     """
     import inspect
     import os
@@ -82,7 +83,9 @@ def explore(function: Callable, **controls):
     if missing:
         raise ValueError(f"explore: give {function.__name__} a default for {missing}")
     if os.environ.get("ICML26_OFFLINE") == "1":
-        return function()
+        function()
+        return None
     from ipywidgets import interact
 
-    return interact(function, **controls)
+    interact(function, **controls)  # displays the controls and the live output itself
+    return None

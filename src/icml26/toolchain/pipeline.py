@@ -427,12 +427,11 @@ def default_jobs() -> int:
 
 def validate_jobs(jobs: object) -> int:
     """``jobs`` as a positive integer, else a ``ValueError`` that says what was wrong."""
+    given = jobs
     if isinstance(jobs, str):
-        if not jobs.strip().isdigit():
-            raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
-        jobs = int(jobs)
+        jobs = int(jobs) if jobs.strip().isdigit() else None
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
+        raise ValueError(f"jobs must be a positive integer, got {given!r}")
     return jobs
 
 
