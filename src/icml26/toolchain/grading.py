@@ -37,7 +37,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 
 from icml26.toolchain.chapters import find_chapter
 from icml26.toolchain.labs import META, LabError, check_files, load_check_module, run_check
-from icml26.toolchain.pipeline import PrivateKernelManager, _ipc_config
+from icml26.toolchain.pipeline import PrivateKernelManager, ipc_config, offline_kernel_env
 
 RESULT_MIME = "application/vnd.icml26.check+json"
 
@@ -130,15 +130,11 @@ class _Session:
         self.client = NotebookClient(
             notebook, kernel_name="python3", timeout=limits.cell_seconds, allow_errors=False,
             interrupt_on_timeout=True, kernel_manager_class=PrivateKernelManager,
-            config=_ipc_config(sockets), resources={"metadata": {"path": str(scratch)}},
+            config=ipc_config(sockets), resources={"metadata": {"path": str(scratch)}},
             error_on_timeout={"ename": "TimeoutError",
                               "evalue": f"the cell ran over its {limits.cell_seconds:g} s limit"},
         )
-        guard = str(Path(__file__).resolve().parent / "offline_guard")
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-                        filter(None, [guard, os.environ.get("PYTHONPATH")])),
-                    "ICML26_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg",
-                    "OMP_WAIT_POLICY": "PASSIVE"}
+        self.env = {**offline_kernel_env(), "MPLBACKEND": "Agg"}
         self.scratch = scratch
         self.replay: list[str] = []
 

@@ -143,18 +143,26 @@ def cache_key(chapter: Chapter, tier: str, seed: int) -> str:
 # --- Execution ------------------------------------------------------------------------------
 
 
+def offline_kernel_env(threads: int | None = None) -> dict[str, str]:
+    """The environment a chapter's or a submission's kernel runs in: this process's, plus the
+    socket guard on PYTHONPATH, hubs offline, OpenMP threads that sleep instead of spinning while
+    they wait, and, when given, the kernel's share of the cores (``ICML26_THREADS``, read by
+    ``icml26.core.configure_threads``)."""
+    guard = str(Path(__file__).resolve().parent / "offline_guard")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [guard, env.get("PYTHONPATH")]))
+    env.update({"ICML26_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see icml26/__init__.py
+    if threads is not None:
+        env["ICML26_THREADS"] = str(threads)
+    return env
+
+
 @contextlib.contextmanager
 def _offline_kernel_environment(threads: int | None = None) -> Iterator[None]:
-    """Environment inherited by the kernel: the socket guard on PYTHONPATH, hubs offline,
-    OpenMP threads that sleep instead of spinning while they wait, and the kernel's share of the
-    cores (``ICML26_THREADS``, read by ``icml26.core.configure_threads``)."""
-    guard = str(Path(__file__).resolve().parent / "offline_guard")
+    """:func:`offline_kernel_env` in ``os.environ`` while papermill starts the kernel."""
     saved = dict(os.environ)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [guard, saved.get("PYTHONPATH")]))
-    os.environ.update({"ICML26_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see icml26/__init__.py
-    if threads is not None:
-        os.environ["ICML26_THREADS"] = str(threads)
+    os.environ.update(offline_kernel_env(threads))
     try:
         yield
     finally:
@@ -172,7 +180,7 @@ class PrivateKernelManager(AsyncKernelManager):
                 for part in command]
 
 
-def _ipc_config(socket_dir: str) -> Config:
+def ipc_config(socket_dir: str) -> Config:
     """Kernel channels as Unix sockets in ``socket_dir`` (a fresh directory only we can enter)."""
     config = Config()
     config.KernelManager.transport = "ipc"
@@ -208,7 +216,7 @@ def execute_notebook(
                 notebook, str(output), parameters={"TIER": tier, "SEED": seed},
                 kernel_name="python3", language="python", cwd=str(source.parent),
                 progress_bar=False, request_save_on_cell_execute=False,
-                kernel_manager_class=PrivateKernelManager, config=_ipc_config(sockets),
+                kernel_manager_class=PrivateKernelManager, config=ipc_config(sockets),
             )
     except PapermillExecutionError as error:
         first_line = next((ln for ln in error.source.splitlines() if ln.strip()), "")
