@@ -359,3 +359,47 @@ def test_bad_input_raises_clear_errors():
         to.disjoint_blocks([2, 2])
     with pytest.raises(TypeError, match="deterministic learner"):
         to.worst_case_mistakes(to.RandomizedMinimaxLearner(), cls)
+
+
+def _bayes_risk(matrix, prior):
+    """Least expected mistakes against targets drawn from ``prior``: predict the label with the
+    largest posterior mass in every round (computed from the prior alone)."""
+    from fractions import Fraction
+
+    def risk(rows, t):
+        if t == matrix.shape[1] or sum(prior[r] for r in rows) == 0:
+            return Fraction(0)
+        mass = {}
+        for r in rows:
+            mass[int(matrix[r, t])] = mass.get(int(matrix[r, t]), Fraction(0)) + prior[r]
+        total = sum(mass.values())
+        wrong = total - max(mass.values())
+        return wrong + sum(risk([r for r in rows if matrix[r, t] == y], t + 1) for y in mass)
+
+    return risk(list(range(len(matrix))), 0)
+
+
+def test_worst_prior_attains_the_randomized_value():
+    rng = np.random.default_rng(5)
+    for _ in range(60):
+        matrix = rng.integers(0, 3, size=(rng.integers(1, 10), rng.integers(1, 6)))
+        value, prior = to.worst_prior_value(matrix)
+        assert value == to.randomized_minimax_value(matrix)
+        assert sum(prior) == 1 and all(p >= 0 for p in prior)
+        assert _bayes_risk(matrix, prior) == value
+
+
+def test_draw_game_tree_and_its_errors():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    to.draw_game_tree(ax, to.thresholds(to.dyadic_points(3)))
+    assert len(ax.texts) > 0
+    plt.close(fig)
+    with pytest.raises(ValueError):
+        to.draw_game_tree(ax, to.all_functions(7))
+    with pytest.raises(ValueError):
+        to.worst_prior_value(np.zeros((0, 2), dtype=int))

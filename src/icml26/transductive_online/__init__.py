@@ -17,7 +17,7 @@ from .classes import (
     sparse_multiclass,
     thresholds,
 )
-from .drawing import draw_tree
+from .drawing import draw_game_tree, draw_tree
 from .learners import (
     GameResult,
     HalvingLearner,
@@ -36,6 +36,7 @@ from .minimax import (
     randomized_minimax_value,
     reduce_class,
     water_filling,
+    worst_prior_value,
 )
 from .trees import (
     LCLLNode,
@@ -54,10 +55,11 @@ from .trees import (
 __all__ = [
     "FiniteClass", "GameResult", "HalvingLearner", "LCLLNode", "LCNode", "MemorizingLearner",
     "MinimaxLearner", "MinimaxSolver", "RandomizedMinimaxLearner", "all_functions",
-    "check_realizable", "deterministic_combine", "disjoint_blocks", "draw_tree", "dyadic_points",
+    "check_realizable", "deterministic_combine", "disjoint_blocks", "draw_game_tree", "draw_tree",
+    "dyadic_points",
     "find_lcll_tree", "finite_class", "is_binary", "lc_paths", "lcll_depth",
     "level_constrained_branching", "level_constrained_dimension", "level_constrained_tree",
     "littlestone_dimension", "minimax_mistakes", "play", "play_adversary", "project",
     "randomized_combine", "randomized_minimax_value", "reduce_class", "sparse_multiclass",
-    "thresholds", "verify_lcll_tree", "water_filling", "worst_case_mistakes",
+    "thresholds", "verify_lcll_tree", "water_filling", "worst_case_mistakes", "worst_prior_value",
 ]

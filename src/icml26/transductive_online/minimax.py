@@ -162,3 +162,39 @@ def minimax_mistakes(cls, solver: MinimaxSolver | None = None) -> int:
 def randomized_minimax_value(cls, solver: MinimaxSolver | None = None) -> Fraction:
     """:math:`\\mathcal V(\\mathcal H, 1)`: optimal expected mistakes, Eq. (eq-randomized)."""
     return (solver or MinimaxSolver()).randomized(cls)
+
+
+def worst_prior_value(cls, solver: MinimaxSolver | None = None) -> tuple[Fraction, np.ndarray]:
+    """The dual recursion, Eq. (eq-dual): the least Bayes risk under the prior that, in every
+    state, picks a label uniformly among the support of the water-filling distribution.
+
+    Returns ``(risk, prior)``: ``risk`` is the expected number of mistakes of the best learner
+    (which predicts a most probable label) when the target is drawn from ``prior``, and
+    ``prior[h]`` is the probability of row ``h`` (duplicate rows share their pattern's mass, the
+    first copy gets it). Against fixed targets no randomized learner can beat ``risk``; the tests
+    check that it equals :math:`\\mathcal V(\\mathcal H, 1)`. Exponential in the number of
+    hypotheses' patterns: for small classes.
+    """
+    solver = solver or MinimaxSolver()
+    matrix = _matrix_of(cls)
+    if matrix.shape[0] == 0:
+        raise ValueError("the class is empty")
+    prior = np.zeros(matrix.shape[0], dtype=object)
+    prior[:] = Fraction(0)
+
+    def walk(rows: np.ndarray, t: int, mass: Fraction) -> Fraction:
+        while t < matrix.shape[1] and (matrix[rows, t] == matrix[rows[0], t]).all():
+            t += 1
+        if t == matrix.shape[1]:
+            prior[rows[0]] += mass
+            return Fraction(0)
+        labels = np.unique(matrix[rows, t])
+        children = [rows[matrix[rows, t] == y] for y in labels]
+        values = [solver.randomized(matrix[child, t + 1:]) for child in children]
+        _, probabilities = water_filling(values)
+        support = [child for child, p in zip(children, probabilities, strict=True) if p > 0]
+        share = Fraction(1, len(support))
+        return (1 - share) + sum(share * walk(child, t + 1, mass * share) for child in support)
+
+    risk = walk(np.arange(matrix.shape[0]), 0, Fraction(1))
+    return risk, prior
