@@ -346,3 +346,66 @@ def test_minilm_token_states_match_sentence_transformers():
     assert np.allclose(states[-1][:pieces], reference[1:-1], atol=1e-4)
     with pytest.raises(ValueError, match="non-empty"):
         minilm.token_states([])
+
+
+def test_rank_correlation_test_matches_scipy_permutation_test():
+    from scipy.stats import permutation_test, spearmanr
+
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        x, y = rng.standard_normal(5), rng.standard_normal(5)
+        rho, p = an.rank_correlation_test(x, y)
+        reference = permutation_test((y,), lambda yy, x=x: spearmanr(x, yy).statistic,
+                                     permutation_type="pairings", alternative="greater")
+        assert rho == pytest.approx(spearmanr(x, y).statistic)
+        assert p == pytest.approx(reference.pvalue)
+    assert an.rank_correlation_test(np.arange(5), np.arange(5) ** 2) == pytest.approx((1, 1 / 120))
+    with pytest.raises(ValueError):
+        an.rank_correlation_test([1, 2], [1, 2])
+    with pytest.raises(ValueError):
+        an.rank_correlation_test([1, 2, 3], [1, 1, 1])
+
+
+def test_circle_source_is_a_reversible_walk_with_von_mises_stationary_law():
+    source = an.circle_source(32, concentration=2.0, max_step=2)
+    P, pi = source.transition, source.stationary
+    assert np.allclose(P.sum(axis=1), 1) and (P >= 0).all()
+    assert np.allclose(pi @ P, pi)  # stationary
+    assert np.allclose(pi[:, None] * P, (pi[:, None] * P).T)  # detailed balance
+    theta = 2 * np.pi * np.arange(32) / 32
+    assert np.allclose(pi, np.exp(2 * np.cos(theta)) / np.exp(2 * np.cos(theta)).sum())
+    steps = (np.arange(32)[None, :] - np.arange(32)[:, None]) % 32
+    assert P[(steps > 2) & (steps < 30)].max() == 0  # only local moves
+    with pytest.raises(ValueError):
+        an.circle_source(8, max_step=4)
+    with pytest.raises(ValueError):
+        an.circle_source(8, concentration=-1.0)
+
+
+def test_circle_tangent_is_the_derivative_of_the_frozen_embedding():
+    plane = an.circle_plane(10, seed=1)
+    model = an.circle_model(tnn.GPTConfig(vocab_size=16, context=4, d_model=10, n_layers=1,
+                                          n_heads=2), plane, radius=2.0)
+    table = model.tok_emb.weight.detach().double().numpy()
+    assert not model.tok_emb.weight.requires_grad
+    tangent, normal = an.tangent_and_normal(np.arange(16), 16, plane)
+    step = 2 * np.pi / 16
+    finite = (np.roll(table, -1, axis=0) - np.roll(table, 1, axis=0)) / (2 * step) / 2.0
+    assert np.allclose(finite / np.linalg.norm(finite, axis=1, keepdims=True), tangent,
+                       atol=1e-12)
+    assert np.allclose(normal, table / 2.0, atol=1e-6)
+    assert np.allclose((tangent * normal).sum(axis=1), 0)
+
+
+def test_direction_share_and_subspace_capture():
+    rng = np.random.default_rng(0)
+    G = rng.standard_normal((4000, 12))
+    directions = rng.standard_normal((4000, 12))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    assert an.direction_share(G, directions) == pytest.approx(1 / 12, rel=0.1)
+    assert an.direction_share(G, G / np.linalg.norm(G, axis=1, keepdims=True)) == pytest.approx(1)
+    Q = np.linalg.qr(rng.standard_normal((12, 3)))[0]
+    assert an.subspace_capture(Q, directions) == pytest.approx(3 / 12, rel=0.1)
+    assert an.subspace_capture(Q, Q.T) == pytest.approx(1)
+    with pytest.raises(ValueError):
+        an.direction_share(G, 2 * directions)

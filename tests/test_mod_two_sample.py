@@ -259,8 +259,8 @@ def test_fused_statistics_follow_their_formulas(unequal):
     mmds = np.array([mt.mmd2_unbiased(K, labels).item() for K in bank.matrices])
     off = bank.matrices.numpy() * (1 - np.eye(22))
     normalisers = np.sqrt((off**2).sum(axis=(1, 2)) / (22 * 21))
-    lam = math.sqrt(9 * 8)
-    expected_fuse = np.log(np.mean(np.exp(lam * mmds / normalisers))) / lam
+    lam = 9 * 8 * math.sqrt(9 * 8 / (22 * 21))
+    expected_fuse = np.log(np.mean(np.exp(lam * mmds / normalisers)))
     fuse = mt.mmd_fuse(torch.from_numpy(mmds), mt.fuse_normalisers(bank.matrices), 9, 13)
     assert fuse.item() == pytest.approx(expected_fuse, rel=1e-12)
 
@@ -385,3 +385,45 @@ def test_two_sample_test_rejects_bad_options(unequal, kwargs, error, message):
 def test_two_sample_test_rejects_bad_samples(X, Y, message):
     with pytest.raises(ValueError, match=message):
         mt.two_sample_test(X, Y)
+
+
+def test_mmd2_permutation_sd_matches_monte_carlo_and_scales_like_one_over_n():
+    import torch
+
+    from icml26.data import two_sample
+    from icml26.kernels import gaussian_kernel, median_distance, pairwise_distances
+
+    X, Y = two_sample("null", 30, 45, 4, seed=3)
+    Z = torch.cat([torch.from_numpy(X), torch.from_numpy(Y)])
+    K = gaussian_kernel(pairwise_distances(Z), median_distance(Z))
+    exact = mt.mmd2_permutation_sd(K, 30, 45).item()
+    stats = mt.permutation_statistics(K, 30, 45, 4000, torch.Generator().manual_seed(1))
+    values = stats.mmd2[0, 1:]
+    se = values.std().item() / (2 * (len(values) - 1)) ** 0.5
+    assert abs(values.std().item() - exact) < 4 * se
+    assert abs(values.mean().item()) < 4 * values.std().item() / len(values) ** 0.5
+    # D_X + D_Y: the linear parts cancel, so the sd is far below that of D_X
+    _, diff_sd = mt.difference_moments(K, 30, 45)
+    assert exact < 0.5 * diff_sd[0].item()
+    with pytest.raises(ValueError):
+        mt.mmd2_permutation_sd(torch.ones(6, 6), 3, 3)
+
+
+def test_mmd_fuse_exponent_matches_the_reference_quadratic_form():
+    """For n = m, lambda MMD^2_u / N_l equals the exponent of the reference mmdfuse code."""
+    X, Y = two_sample("scale", 11, 11, 3, 1.3, seed=4)
+    Z = torch.cat([torch.from_numpy(X), torch.from_numpy(Y)])
+    bank = kernel_bank(Z, DEFAULT_BANK_SPECS)
+    n = m = 11
+    v10 = torch.cat([torch.ones(n), torch.zeros(m)]).double()
+    v01 = torch.cat([torch.zeros(n), -torch.ones(m)]).double()
+    v11 = v10 + v01
+    labels = mt.first_n_labels(n, m)
+    for K in bank.matrices:
+        K0 = mt.zero_diagonal(K)
+        quadratic = (v10 @ K0 @ v10 * (n - m + 1) * (n - 1) / (m * (m - 1))
+                     + v01 @ K0 @ v01 * (m - n + 1) / m + v11 @ K0 @ v11 * (n - 1) / m)
+        reference = quadratic / torch.sqrt((K0**2).sum()) * math.sqrt(n * (n - 1))
+        ours = (mt.fuse_temperature(n, m) * mt.mmd2_unbiased(K, labels)
+                / mt.fuse_normalisers(K[None])[0])
+        assert ours.item() == pytest.approx(reference.item(), rel=1e-10)

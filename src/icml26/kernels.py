@@ -99,7 +99,8 @@ def off_diagonal_median(distances: torch.Tensor) -> float:
 
 
 def median_distance(Z, p: int = 2) -> float:
-    r"""Median heuristic of Eq. (4): the median $\ell_p$ distance over pooled pairs $i \ne j$."""
+    r"""Median heuristic (mod-test, eq-gaussian): the median $\ell_p$ distance over pooled pairs
+    $i \ne j$."""
     return off_diagonal_median(pairwise_distances(Z, p=p))
 
 
@@ -113,19 +114,21 @@ def check_bandwidth(bandwidth: float) -> float:
 
 
 def gaussian_kernel(distances: torch.Tensor, bandwidth: float) -> torch.Tensor:
-    r"""Gaussian kernel of Eq. (4), $\exp(-\|x-y\|_2^2 / 2h^2)$, from Euclidean distances."""
+    r"""Gaussian kernel (mod-test, eq-gaussian), $\exp(-\|x-y\|_2^2 / 2h^2)$, from Euclidean
+    distances."""
     h = check_bandwidth(bandwidth)
     return torch.exp(-(distances**2) / (2 * h**2))
 
 
 def laplace_kernel(distances: torch.Tensor, bandwidth: float) -> torch.Tensor:
-    r"""Laplace kernel of Eq. (4), $\exp(-\|x-y\|_1 / h)$, from Manhattan distances."""
+    r"""Laplace kernel of the fused bank (mod-test, eq-fused), $\exp(-\|x-y\|_1 / h)$, from
+    Manhattan distances."""
     h = check_bandwidth(bandwidth)
     return torch.exp(-distances / h)
 
 
 def distance_kernel(distances: torch.Tensor) -> torch.Tensor:
-    r"""Energy-distance kernel of Eq. (15), $k(x, y) = -\|x - y\|_2$."""
+    r"""Energy-distance kernel (mod-test, eq-energy), $k(x, y) = -\|x - y\|_2$."""
     return -distances
 
 
@@ -175,7 +178,7 @@ def check_specs(specs: Sequence) -> tuple[tuple[str, float], ...]:
 
 
 def kernel_bank(Z, specs: Sequence = DEFAULT_BANK_SPECS) -> KernelBank:
-    """Build the `(L, N, N)` kernel stack of Eq. (4) on the pooled sample `Z`.
+    """Build the `(L, N, N)` kernel stack (mod-test, eq-gaussian, eq-fused) on the pooled `Z`.
 
     Gaussian bandwidths are `scale x` the median Euclidean distance, Laplace bandwidths
     `scale x` the median Manhattan distance; both medians use the pooled sample only.

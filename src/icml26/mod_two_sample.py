@@ -2,13 +2,15 @@
 
 The chapter's story in code:
 
-* MMD splits into two differences, $D_X$ and $D_Y$ (Eq. 3), that cancel under a scale shift.
-* The group-level MOD (Eq. 6) and its standardised form (Eq. 9) keep them apart.
-* The paper's MOD (Eq. 11) goes one step further: it compares, **for every single point**, its
-  average similarity to its own group with its average similarity to the other group (Eq. 10),
+* MMD splits into two differences, $D_X$ and $D_Y$ (eq-sum-of-differences), that cancel under a
+  scale shift.
+* The group-level MOD and its standardised form (eq-mod-group) keep them apart.
+* The paper's MOD (eq-mod) goes one step further: it compares, **for every single point**, its
+  average similarity to its own group with its average similarity to the other group
+  (eq-point-means),
   standardises, and takes the maximum over points.
-* Fused MOD (Eq. 12) pools a bank of kernels, and every test is calibrated by permutations
-  (Eq. 13).
+* Fused MOD (eq-fused) pools a bank of kernels, and every test is calibrated by permutations
+  (eq-p-value).
 
 Everything that depends on the labelling is a function of one product: the kernel matrix
 (zero diagonal) times the 0/1 indicator of group $X$. The permutation engine computes that
@@ -49,7 +51,7 @@ CHUNK_ELEMENTS = 2**22
 FLAT_ROW_TOLERANCE = 1e-12
 # Largest relative asymmetry |K - K^T| accepted in a kernel matrix (rounding only).
 SYMMETRY_TOLERANCE = 1e-10
-# Relative slack so that statistics equal up to rounding count as ties in Eq. (13).
+# Relative slack so that statistics equal up to rounding count as ties in (eq-p-value).
 TIE_TOLERANCE = 1e-12
 
 
@@ -132,12 +134,14 @@ def check_tests(tests: Sequence[str]) -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Group-level statistics: Eqs. (1)-(3), (6), (7)
+# Group-level statistics: (eq-averages)-(eq-sum-of-differences), (eq-mod-group),
+# (eq-cross-from-within)
 # ---------------------------------------------------------------------------------------------
 
 
 def kernel_averages(K, labels) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    r"""Eq. (1): within averages $\bar K_{XX}$, $\bar K_{YY}$ ($i \ne j$), cross $\bar K_{XY}$."""
+    r"""(eq-averages): within averages $\bar K_{XX}$, $\bar K_{YY}$ ($i \ne j$), cross
+    $\bar K_{XY}$."""
     K0 = zero_diagonal(K)
     in_x = check_labels(labels, K0.shape[-1]).to(DTYPE)
     in_y = 1 - in_x
@@ -149,25 +153,26 @@ def kernel_averages(K, labels) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 def mmd2_unbiased(K, labels) -> torch.Tensor:
-    r"""Eq. (2): $\widehat{\mathrm{MMD}}^2_u = \bar K_{XX} + \bar K_{YY} - 2 \bar K_{XY}$."""
+    r"""(eq-mmd): $\widehat{\mathrm{MMD}}^2_u = \bar K_{XX} + \bar K_{YY} - 2 \bar K_{XY}$."""
     k_xx, k_yy, k_xy = kernel_averages(K, labels)
     return k_xx + k_yy - 2 * k_xy
 
 
 def mmd_differences(K, labels) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Eq. (3): $D_X = \bar K_{XX} - \bar K_{XY}$ and $D_Y = \bar K_{YY} - \bar K_{XY}$."""
+    r"""(eq-sum-of-differences): $D_X = \bar K_{XX} - \bar K_{XY}$ and
+    $D_Y = \bar K_{YY} - \bar K_{XY}$."""
     k_xx, k_yy, k_xy = kernel_averages(K, labels)
     return k_xx - k_xy, k_yy - k_xy
 
 
 def group_mod(K, labels) -> torch.Tensor:
-    r"""Eq. (6): group-level MOD, $\max(D_X^2, D_Y^2)$."""
+    r"""(eq-mod-group): group-level MOD, $\max(D_X^2, D_Y^2)$."""
     d_x, d_y = mmd_differences(K, labels)
     return torch.maximum(d_x**2, d_y**2)
 
 
 def cross_average_from_within(total, k_xx, k_yy, n: int, m: int):
-    r"""Eq. (7): $\bar K_{XY} = (S - n(n-1)\bar K_{XX} - m(m-1)\bar K_{YY}) / 2nm$.
+    r"""(eq-cross-from-within): $\bar K_{XY} = (S - n(n-1)\bar K_{XX} - m(m-1)\bar K_{YY}) / 2nm$.
 
     `total` is $S = \sum_{i \ne j} K_{ij}$ over the pooled sample, which no relabelling changes.
     """
@@ -175,7 +180,7 @@ def cross_average_from_within(total, k_xx, k_yy, n: int, m: int):
 
 
 # ---------------------------------------------------------------------------------------------
-# Exact permutation moments and the standardised group statistic: Eqs. (8), (9)
+# Exact permutation moments and the standardised group statistic: (eq-mod-moments), (eq-mod-group)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -185,7 +190,7 @@ def falling_factorial_ratio(top: int, bottom: int, order: int) -> float:
 
 
 def pair_sums(K0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    r"""Sums over ordered distinct index pairs, triples and quadruples (Eq. 8).
+    r"""Sums over ordered distinct index pairs, triples and quadruples (eq-mod-moments).
 
     $A = \sum_{i \ne j} K_{ij}^2$ (pairs), $B = \sum_i (\sum_{j \ne i} K_{ij})^2 - A$
     (triples $i, j, k$ distinct, $K_{ij} K_{ik}$), and $C = S^2 - 2A - 4B$ (quadruples).
@@ -198,7 +203,8 @@ def pair_sums(K0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 
 def permutation_moments(K, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Eq. (8): exact mean `(..., 2)` and covariance `(..., 2, 2)` of $(\bar K_{XX}, \bar K_{YY})$.
+    r"""(eq-mod-moments): exact mean `(..., 2)` and covariance `(..., 2, 2)` of
+    $(\bar K_{XX}, \bar K_{YY})$.
 
     The expectation is over uniformly random labellings with group sizes `n`, `m`. Both averages
     have mean $\bar K = S / N(N-1)$. Centring the off-diagonal entries at $\bar K$ first leaves the
@@ -228,13 +234,14 @@ def permutation_moments(K, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def difference_map(n: int, m: int) -> torch.Tensor:
-    r"""$W$ such that $(D_X, D_Y) = W (\bar K_{XX}, \bar K_{YY}) - S/2nm$: Eqs. (3) and (7)."""
+    r"""$W$ such that $(D_X, D_Y) = W (\bar K_{XX}, \bar K_{YY}) - S/2nm$:
+    (eq-sum-of-differences) and (eq-cross-from-within)."""
     a, b = (n - 1) / (2 * m), (m - 1) / (2 * n)
     return torch.tensor([[1 + a, b], [a, 1 + b]], dtype=DTYPE)
 
 
 def difference_moments(K, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Exact permutation mean and standard deviation of $(D_X, D_Y)$, from Eq. (8).
+    r"""Exact permutation mean and standard deviation of $(D_X, D_Y)$, from (eq-mod-moments).
 
     The mean is zero, as $\bar K_{XX}$, $\bar K_{YY}$ and $\bar K_{XY}$ all have permutation
     mean $\bar K$.
@@ -250,15 +257,29 @@ def difference_moments(K, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     return diff_mean, diff_var.sqrt()
 
 
+def mmd2_permutation_sd(K, n: int, m: int) -> torch.Tensor:
+    r"""Exact permutation standard deviation of $\widehat{\mathrm{MMD}}^2_u = D_X + D_Y$
+    (eq-mod-noise), from the moments (eq-mod-moments); its permutation mean is zero.
+    """
+    K0 = zero_diagonal(K)
+    _, covariance = permutation_moments(K0, n, m)
+    w = torch.ones(2, dtype=DTYPE) @ difference_map(n, m)
+    variance = torch.einsum("i,...ij,j->...", w, covariance, w)
+    if (variance <= 0).any():
+        raise ValueError("kernel is constant off the diagonal: MMD² has no variance")
+    return variance.sqrt()
+
+
 def standardise_differences(d_x, d_y, diff_mean, diff_sd) -> torch.Tensor:
-    r"""Eq. (9): $\max(Z_X^2, Z_Y^2)$ with $Z = (D - E_\pi D) / \mathrm{sd}_\pi D$."""
+    r"""(eq-mod-group): $\max(Z_X^2, Z_Y^2)$ with $Z = (D - E_\pi D) / \mathrm{sd}_\pi D$."""
     z_x = (d_x - diff_mean[..., 0, None]) / diff_sd[..., 0, None]
     z_y = (d_y - diff_mean[..., 1, None]) / diff_sd[..., 1, None]
     return torch.maximum(z_x**2, z_y**2)
 
 
 def standardised_group_mod(K, labels) -> torch.Tensor:
-    """Eq. (9): sMOD for one labelling, standardised by the exact moments of Eq. (8)."""
+    """(eq-mod-group): sMOD for one labelling, standardised by the exact moments
+    (eq-mod-moments)."""
     K0 = zero_diagonal(K)
     in_x = check_labels(labels, K0.shape[-1])
     n = int(in_x.sum())
@@ -268,12 +289,13 @@ def standardised_group_mod(K, labels) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# The paper's point-level MOD: Eqs. (10), (11)
+# The paper's point-level MOD: (eq-point-means), (eq-mod)
 # ---------------------------------------------------------------------------------------------
 
 
 def within_between_means(K, labels) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. (10): each point's mean kernel value to its own group ($p^{in}$) and to the other one."""
+    """(eq-point-means): each point's mean kernel value to its own group ($p^{in}$) and to the
+    other one."""
     K0 = zero_diagonal(K)
     in_x = check_labels(labels, K0.shape[-1])
     same_group = in_x[:, None] == in_x[None, :]
@@ -284,7 +306,7 @@ def within_between_means(K, labels) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def point_variances(K0: torch.Tensor) -> torch.Tensor:
-    r"""Eq. (11) denominator: $v_i$, the sample variance of row $i$ off the diagonal.
+    r"""(eq-mod) denominator: $v_i$, the sample variance of row $i$ off the diagonal.
 
     With $\mu_i = \sum_j A_{ij} / (N-1)$ and $\delta_i = \sum_j A_{ij}^2 / (N-1) - \mu_i^2$,
     $v_i = \delta_i (N-1)/(N-2) = \sum_{j \ne i} (A_{ij} - \mu_i)^2 / (N-2)$; the centred form is
@@ -298,7 +320,7 @@ def point_variances(K0: torch.Tensor) -> torch.Tensor:
 
 
 def inverse_point_variances(K0: torch.Tensor) -> torch.Tensor:
-    """$1 / v_i$, set to 0 for flat rows ($v_i = 0$ up to rounding), whose terms Eq. (11) drops.
+    """$1 / v_i$, set to 0 for flat rows ($v_i = 0$ up to rounding), whose terms (eq-mod) drops.
 
     (The authors' reference code adds $10^{-10}$ to $v_i$; we use $v_i$ as defined.)
     """
@@ -309,7 +331,7 @@ def inverse_point_variances(K0: torch.Tensor) -> torch.Tensor:
 
 
 def mod_statistic(K, labels) -> torch.Tensor:
-    r"""Eq. (11): the paper's MOD.
+    r"""(eq-mod): the paper's MOD.
 
     $\max_i (p^{in}_i - p^{out}_i)^2 / [(1/(n_g - 1) + 1/(N - n_g))\, v_i]$, with $n_g$ the size
     of point $i$'s group.
@@ -324,12 +346,12 @@ def mod_statistic(K, labels) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# Fusion, p-values, MMD-FUSE and energy: Eqs. (12)-(15)
+# Fusion, p-values, MMD-FUSE and energy: (eq-fused)-(eq-energy)
 # ---------------------------------------------------------------------------------------------
 
 
 def fused_mod(mods: torch.Tensor) -> torch.Tensor:
-    r"""Eq. (12): $\log \frac1L \sum_l \exp(\mathrm{MOD}_l)$ over the kernel axis (dim 0).
+    r"""(eq-fused): $\log \frac1L \sum_l \exp(\mathrm{MOD}_l)$ over the kernel axis (dim 0).
 
     Each $\mathrm{MOD}_l$ is already standardised, so no extra normaliser is needed.
     """
@@ -337,7 +359,7 @@ def fused_mod(mods: torch.Tensor) -> torch.Tensor:
 
 
 def permutation_p_value(statistics: torch.Tensor) -> torch.Tensor:
-    r"""Eq. (13): $(1 + \#\{b \ge 1 : T_b \ge T_0\}) / (B + 1)$ along the last axis.
+    r"""(eq-p-value): $(1 + \#\{b \ge 1 : T_b \ge T_0\}) / (B + 1)$ along the last axis.
 
     Column 0 is the observed labelling. Values equal to $T_0$ up to rounding count as ties.
     """
@@ -354,26 +376,37 @@ def off_diagonal_rms(K0: torch.Tensor) -> torch.Tensor:
 
 
 def fuse_normalisers(K) -> torch.Tensor:
-    r"""Eq. (14): $\hat N_l = \sqrt{\sum_{i \ne j} K_{l,ij}^2 / N(N-1)}$ on the pooled sample."""
+    r"""(eq-mmd-fuse): $\hat N_l = \sqrt{\sum_{i \ne j} K_{l,ij}^2 / N(N-1)}$, pooled sample."""
     return off_diagonal_rms(zero_diagonal(K))
 
 
-def mmd_fuse(mmd2: torch.Tensor, normalisers: torch.Tensor, n: int, m: int) -> torch.Tensor:
-    r"""Eq. (14): $\frac1\lambda \log \frac1L \sum_l \exp(\lambda\, \mathrm{MMD}^2_l / \hat N_l)$.
+def fuse_temperature(n: int, m: int) -> float:
+    r"""The exponent's scale in (eq-mmd-fuse): $\lambda = n'(n'-1)\sqrt{n'(n'-1) / N(N-1)}$,
+    $n' = \min(n, m)$, $N = n + m$.
 
-    `mmd2` is `(L, ...)`. $\lambda = \sqrt{n'(n'-1)}$ with $n' = \min(n, m)$ (for $n = m$
-    this is MMD-FUSE's choice).
+    With it, $\lambda\,\mathrm{MMD}^2_u / \hat N_l$ equals the exponent of the reference
+    implementation (``mmdfuse``, lambda_multiplier 1), which for $n = m$ scales the quadratic form
+    $n(n-1)\,\mathrm{MMD}^2_u$ by $\sqrt{n(n-1)} / \sqrt{\sum_{i \ne j} K_{ij}^2}$.
     """
-    smaller = min(n, m)
-    lam = math.sqrt(smaller * (smaller - 1))
+    smaller, total = min(n, m), n + m
+    return smaller * (smaller - 1) * math.sqrt(smaller * (smaller - 1) / (total * (total - 1)))
+
+
+def mmd_fuse(mmd2: torch.Tensor, normalisers: torch.Tensor, n: int, m: int) -> torch.Tensor:
+    r"""(eq-mmd-fuse): $\log \frac1L \sum_l \exp(\lambda \mathrm{MMD}^2_l/\hat N_l)$.
+
+    `mmd2` is `(L, ...)`; $\lambda$ is :func:`fuse_temperature`. For $n \ne m$ the reference
+    uses a different quadratic form in place of $\mathrm{MMD}^2_u$; we keep $\mathrm{MMD}^2_u$.
+    """
+    lam = fuse_temperature(n, m)
     scaled = lam * mmd2 / normalisers.reshape(-1, *([1] * (mmd2.ndim - 1)))
-    return (torch.logsumexp(scaled, dim=0) - math.log(mmd2.shape[0])) / lam
+    return torch.logsumexp(scaled, dim=0) - math.log(mmd2.shape[0])
 
 
 def energy_statistic(X, Y) -> torch.Tensor:
-    r"""Eq. (15): $2\,\overline{\|X - Y\|} - \overline{\|X - X'\|} - \overline{\|Y - Y'\|}$.
+    r"""(eq-energy): $2\,\overline{\|X - Y\|} - \overline{\|X - X'\|} - \overline{\|Y - Y'\|}$.
 
-    This is Eq. (2) with $k(x, y) = -\|x - y\|$; the within averages skip $i = j$.
+    This is (eq-mmd) with $k(x, y) = -\|x - y\|$; the within averages skip $i = j$.
     """
     X, Y = as_samples(X, Y)
     bank = kernel_bank(torch.cat([X, Y]), [ENERGY_KERNEL])
@@ -401,7 +434,7 @@ def permutation_indicators(
 class PermutationStatistics:
     r"""Statistics for every kernel (rows) and labelling (columns; column 0 = observed).
 
-    `normalisers` holds each kernel's MMD-FUSE $\hat N_l$ (Eq. 14), which no labelling changes.
+    `normalisers` holds each kernel's MMD-FUSE $\hat N_l$ (eq-mmd-fuse), which no labelling changes.
     """
 
     n: int
@@ -414,26 +447,26 @@ class PermutationStatistics:
 
     @property
     def mmd2(self) -> torch.Tensor:
-        """Eq. (2) for every kernel and labelling."""
+        """(eq-mmd) for every kernel and labelling."""
         return self.k_xx + self.k_yy - 2 * self.k_xy
 
     @property
     def d_x(self) -> torch.Tensor:
-        """$D_X$ of Eq. (3)."""
+        """$D_X$ of (eq-sum-of-differences)."""
         return self.k_xx - self.k_xy
 
     @property
     def d_y(self) -> torch.Tensor:
-        """$D_Y$ of Eq. (3)."""
+        """$D_Y$ of (eq-sum-of-differences)."""
         return self.k_yy - self.k_xy
 
 
 def chunk_statistics(K0, row_sums, inverse_variances, indicators, n, m):
-    r"""Eqs. (1), (10), (11) for a block of labellings, from $P = K_0 Z$ alone.
+    r"""(eq-averages), (eq-point-means), (eq-mod) for a block of labellings, from $P = K_0 Z$ alone.
 
     $P_{ib}$ is point $i$'s kernel sum to group X under labelling $b$, and $r_i - P_{ib}$ its sum
     to group Y. For $i$ in X, $p^{in}_i - p^{out}_i = P_{ib}/(n-1) - (r_i - P_{ib})/m
-    = c_X (P_{ib} - r_i / (m c_X))$ with $c_X = 1/(n-1) + 1/m$, the scale factor of Eq. (11).
+    = c_X (P_{ib} - r_i / (m c_X))$ with $c_X = 1/(n-1) + 1/m$, the scale factor of (eq-mod).
     So each MOD term is $c_X (P_{ib} - t^X_i)^2 / v_i$, and likewise for Y with
     $c_Y = 1/(m-1) + 1/n$ and $t^Y_i = r_i / ((m-1) c_Y)$.
     """

@@ -6,9 +6,18 @@
 * :mod:`~icml26.anisotropy.tangent`: semi-NMF tangent proxies and gradient-energy tests;
 * :mod:`~icml26.anisotropy.training`: tiny transformers on languages with an entropy knob,
   checkpoints, and per-layer measurements;
-* :mod:`~icml26.anisotropy.minilm`: hidden states of the pretrained all-MiniLM-L6-v2.
+* :mod:`~icml26.anisotropy.minilm`: hidden states of the pretrained all-MiniLM-L6-v2;
+* :mod:`~icml26.anisotropy.circle`: a language on a circle, where the tangent is known.
 """
 
+from icml26.anisotropy.circle import (
+    circle_model,
+    circle_plane,
+    circle_source,
+    direction_share,
+    subspace_capture,
+    tangent_and_normal,
+)
 from icml26.anisotropy.geometry import parabola_sample, visible_curvature_ratio
 from icml26.anisotropy.metrics import (
     all_metrics,
@@ -18,6 +27,7 @@ from icml26.anisotropy.metrics import (
     effective_rank,
     mean_cosine,
     partition_isotropy,
+    rank_correlation_test,
     shannon_entropy,
     spectrum,
     top_share,
@@ -44,7 +54,9 @@ from icml26.anisotropy.training import (
 )
 
 __all__ = [
-    "activations_and_gradients", "all_metrics", "anisotropy_share", "as_points",
+    "activations_and_gradients", "all_metrics", "circle_model", "circle_plane", "circle_source",
+    "direction_share", "rank_correlation_test", "subspace_capture", "tangent_and_normal",
+    "anisotropy_share", "as_points",
     "collision_probability", "cone_cosine", "control_energy_share", "effective_rank",
     "energy_share", "entropy_sources", "evaluation_batch", "gradient_anisotropy", "layer_names",
     "layer_states", "mean_cosine", "measure_checkpoint", "orthonormal_basis", "parabola_sample",

@@ -4,7 +4,7 @@ Points $x(s) = (s, \tfrac{\kappa}{2} s^2)$ with $s \sim \mathcal N(0, \sigma^2)$
 of curvature $\kappa$ at the origin. The tangent coordinate has variance $\sigma^2$ and the normal
 coordinate $\tfrac{\kappa^2}{4}\operatorname{Var}(s^2) = \tfrac{\kappa^2}{2}\sigma^4$, so the
 cloud looks flat, and anisotropic along the tangent, when the sampling mass is concentrated
-(Eq. (13)).
+(`eq-curvature`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def parabola_sample(curvature: float, spread: float, count: int,
 
 
 def visible_curvature_ratio(curvature: float, spread: float) -> float:
-    r"""Normal over tangent variance of the parabola sample: $\kappa^2 \sigma^2 / 2$ (Eq. (13))."""
+    r"""Normal over tangent variance of the parabola sample: $\kappa^2 \sigma^2 / 2$
+    (`eq-curvature`)."""
     curvature = check_positive(curvature, "curvature")
     spread = check_positive(spread, "spread")
     return 0.5 * curvature**2 * spread**2

@@ -4,11 +4,13 @@ Equation numbers refer to the anisotropy chapter of the book. Every function acc
 array or a torch tensor, works in float64 and rejects bad input (fewer than two vectors, NaNs,
 wrong shapes) with a ``ValueError`` or ``TypeError``.
 
-* :func:`mean_cosine`: the mean pairwise cosine similarity over pairs $i \neq j$ (Eq. (1)).
-* :func:`top_share`: the share of the second moment in the top $k$ directions (Eq. (4)).
-* :func:`effective_rank`: Roy and Vetterli's entropy-effective rank (Eq. (5)).
-* :func:`partition_isotropy`: Mu and Viswanath's partition-function isotropy score (Eq. (6)).
-* :func:`collision_probability`: $e^{-H_2(q)}$, the probability that two draws coincide (Eq. (9)).
+* :func:`mean_cosine`: the mean pairwise cosine similarity over pairs $i \neq j$ (`eq-mean-cosine`).
+* :func:`top_share`: the share of the second moment in the top $k$ directions (`eq-top-share`).
+* :func:`effective_rank`: Roy and Vetterli's entropy-effective rank (`eq-effective-rank`).
+* :func:`partition_isotropy`: Mu and Viswanath's partition-function isotropy score
+  (`eq-partition`).
+* :func:`collision_probability`: $e^{-H_2(q)}$, the probability that two draws coincide
+  (`eq-collision`).
 """
 
 from __future__ import annotations
@@ -48,9 +50,10 @@ def _check_rank(k, d: int) -> int:
 
 
 def mean_cosine(H) -> float:
-    r"""Mean cosine similarity over all ordered pairs $i \neq j$ of rows of ``H`` (Eq. (1)).
+    r"""Mean cosine similarity over all ordered pairs $i \neq j$ of rows of ``H``
+    (`eq-mean-cosine`).
 
-    With unit rows $u_i$ and $s = \sum_i u_i$, Eq. (2) gives
+    With unit rows $u_i$ and $s = \sum_i u_i$, `eq-cosine-sum` gives
     $\sum_{i \neq j} u_i^\top u_j = \lVert s\rVert^2 - N$, so the average costs $O(Nd)$.
     """
     H = as_points(H)
@@ -63,7 +66,8 @@ def mean_cosine(H) -> float:
 
 
 def spectrum(H, centre: bool = False) -> np.ndarray:
-    r"""Eigenvalues, largest first, of $\frac1N H^\top H$ (raw) or of the covariance (Eq. (3)).
+    r"""Eigenvalues, largest first, of $\frac1N H^\top H$ (raw) or of the covariance
+    (`eq-moment-split`).
 
     The uncentred second moment sees the common mean direction (the "cone"); the covariance sees
     only how the points spread around their mean.
@@ -78,7 +82,8 @@ def spectrum(H, centre: bool = False) -> np.ndarray:
 
 
 def top_share(H, k: int = 1, centre: bool = False) -> float:
-    r"""Share $\sum_{i \le k} \lambda_i / \sum_i \lambda_i$ of the top $k$ eigenvalues (Eq. (4))."""
+    r"""Share $\sum_{i \le k} \lambda_i / \sum_i \lambda_i$ of the top $k$ eigenvalues
+    (`eq-top-share`)."""
     eigenvalues = spectrum(H, centre)
     k = _check_rank(k, eigenvalues.size)
     total = eigenvalues.sum()
@@ -90,8 +95,9 @@ def top_share(H, k: int = 1, centre: bool = False) -> float:
 def effective_rank(H, centre: bool = False) -> float:
     r"""Roy and Vetterli's effective rank $\exp(-\sum_i p_i \log p_i)$, $p_i \propto \sigma_i$.
 
-    Eq. (5): $\sigma_i$ are the singular values of ``H`` (centred first if ``centre``). It lies in
-    $[1, \min(N, d)]$, equals $r$ for $r$ equal singular values and is scale and rotation invariant.
+    `eq-effective-rank`: $\sigma_i$ are the singular values of ``H`` (centred first if
+    ``centre``). It lies in $[1, \min(N, d)]$, equals $r$ for $r$
+    equal singular values and is scale and rotation invariant.
     """
     sigma = np.sqrt(spectrum(H, centre))
     if sigma.sum() == 0:
@@ -101,7 +107,7 @@ def effective_rank(H, centre: bool = False) -> float:
 
 
 def partition_isotropy(H, normalise: bool = True) -> float:
-    r"""Mu and Viswanath's isotropy $\min_c Z(c) / \max_c Z(c)$ (Eq. (6)).
+    r"""Mu and Viswanath's isotropy $\min_c Z(c) / \max_c Z(c)$ (`eq-partition`).
 
     $Z(c) = \sum_i e^{c^\top h_i}$.
 
@@ -139,7 +145,7 @@ def all_metrics(H) -> dict[str, float]:
 
 
 def cone_cosine(mean, covariance_trace: float) -> float:
-    r"""High-dimensional limit of the mean cosine of $\mu + \varepsilon$ (Eq. (8)).
+    r"""High-dimensional limit of the mean cosine of $\mu + \varepsilon$ (`eq-cone`).
 
     $\lVert\mu\rVert^2 / (\lVert\mu\rVert^2 + \operatorname{tr} C)$ for noise of covariance $C$.
     """
@@ -172,6 +178,34 @@ def shannon_entropy(q) -> float:
 
 
 def collision_probability(q) -> float:
-    r"""$\sum_v q_v^2 = e^{-H_2(q)}$: the chance that two independent draws agree (Eq. (9))."""
+    r"""$\sum_v q_v^2 = e^{-H_2(q)}$: the chance that two independent draws agree
+    (`eq-collision`)."""
     q = as_distribution(q)
     return float(q @ q)
+
+
+def rank_correlation_test(x, y) -> tuple[float, float]:
+    r"""Spearman's $\rho$ of ``x`` and ``y`` and its exact one-sided permutation p-value.
+
+    The p-value is the fraction of the $n!$ orderings of ``y`` whose $\rho$ is at least the
+    observed one (ties counted), the exact null distribution when the pairs are exchangeable.
+    Suited to a handful of points, where a normal approximation fails: with five points a
+    perfect ordering has $p = 1/120$. Needs $3 \le n \le 8$.
+    """
+    from itertools import permutations
+
+    from scipy.stats import rankdata
+
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.ndim != 1 or x.shape != y.shape or not 3 <= x.size <= 8:
+        raise ValueError(f"x and y must be 1-D of equal length in [3, 8], got {x.shape}, {y.shape}")
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+        raise ValueError("x and y must be finite")
+    rx, ry = rankdata(x), rankdata(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    scale = np.sqrt((rx**2).sum() * (ry**2).sum())
+    if scale == 0:
+        raise ValueError("x or y is constant")
+    observed = float(rx @ ry / scale)
+    null = np.array([rx @ ry[list(order)] for order in permutations(range(x.size))]) / scale
+    return observed, float((null >= observed - 1e-12).mean())

@@ -2,7 +2,7 @@ r"""Tangent proxies from concepts, and the gradient energy they capture (our rec
 
 The paper fits low-rank concept dictionaries to activations during training and asks how much of
 the backpropagated gradient lies in their span. Its exact definitions were not available to us;
-these follow the chapter's Eqs. (14)-(17):
+these follow the chapter's equations `eq-semi-nmf` to `eq-aniso-share`:
 
 * :func:`semi_nmf`: $H \approx Z D$ with non-negative codes $Z$ (Ding, Li and Jordan's updates);
 * :func:`orthonormal_basis`: the tangent proxy $Q_T$, an orthonormal basis of the concept span;
@@ -37,7 +37,8 @@ def _dictionary(H: np.ndarray, Z: np.ndarray, ridge: float = 1e-10) -> np.ndarra
 
 
 def semi_nmf(H, k: int, iterations: int = 200, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    r"""Semi-NMF $H \approx Z D$ with $Z \ge 0$ of shape $(N, k)$ and $D$ of any sign (Eq. (14)).
+    r"""Semi-NMF $H \approx Z D$ with $Z \ge 0$ of shape $(N, k)$ and $D$ of any sign
+    (`eq-semi-nmf`).
 
     Alternates the exact least-squares $D$ with Ding, Li and Jordan's multiplicative update
     $Z \leftarrow Z \odot \sqrt{([HD^\top]^+ + Z[DD^\top]^-) / ([HD^\top]^- + Z[DD^\top]^+)}$,
@@ -94,7 +95,8 @@ def _check_pair(G, Q) -> tuple[np.ndarray, np.ndarray]:
 
 
 def energy_share(G, Q) -> float:
-    r"""Gradient energy share $E(Q) = \lVert GQ \rVert_F^2 / \lVert G \rVert_F^2$ (Eq. (15))."""
+    r"""Gradient energy share $E(Q) = \lVert GQ \rVert_F^2 / \lVert G \rVert_F^2$
+    (`eq-energy-share`)."""
     G, Q = _check_pair(G, Q)
     return float(((G @ Q) ** 2).sum() / (G**2).sum())
 
@@ -102,7 +104,7 @@ def energy_share(G, Q) -> float:
 def control_energy_share(G, Q) -> float:
     r"""Mean of $E$ over random rank-$k$ subspaces of $Q^\perp$: $\frac{k}{d-k}(1 - E(Q))$.
 
-    Eq. (16): a uniformly random $k$-dimensional subspace of an $m$-dimensional space keeps a
+    `eq-control`: a uniformly random $k$-dimensional subspace of an $m$-dimensional space keeps a
     fraction $k/m$ of any vector's squared length on average; here $m = d - k$.
     """
     G, Q = _check_pair(G, Q)
@@ -124,7 +126,7 @@ def random_complement_basis(Q, rng: np.random.Generator) -> np.ndarray:
 def gradient_anisotropy(G) -> np.ndarray:
     r"""Traceless gradient covariance $A_G = \Sigma_G - \frac{\operatorname{tr}\Sigma_G}{d} I$.
 
-    $\Sigma_G = \frac1N G^\top G$ (Eq. (17)).
+    $\Sigma_G = \frac1N G^\top G$ (`eq-aniso-share`).
     """
     G = as_points(G, "G")
     sigma = G.T @ G / G.shape[0]
@@ -132,7 +134,8 @@ def gradient_anisotropy(G) -> np.ndarray:
 
 
 def anisotropy_share(G, Q) -> tuple[float, float]:
-    r"""Shares of gradient anisotropy captured by span Q and by the normal control (Eq. (17)).
+    r"""Shares of gradient anisotropy captured by span Q and by the normal control
+    (`eq-aniso-share`).
 
     Both are $\operatorname{tr}(P A_G P)$ for the subspace's projector $P$, divided by the best
     rank-$k$ value $\sum_{i \le k} \lambda_i^+(A_G)$; the control's numerator is its exact mean
