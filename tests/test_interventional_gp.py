@@ -343,3 +343,15 @@ def test_bad_input_raises_clear_errors(chain_fit):
         Intervention(np.zeros((3, 2)), columns=(0,))
     with pytest.raises(ValueError, match="noise"):
         sim.mediator_chain(50, 2, noise=-0.1)
+
+
+def test_bayes_opt_with_the_true_mean_queries_the_maximum_first():
+    from icml26.interventional_gp.cbo import bayes_opt
+
+    grid = np.linspace(-2, 2, 30)
+    truth = np.sin(2 * grid) + 0.3 * grid
+    cov = np.exp(-0.5 * (grid[:, None] - grid[None, :]) ** 2 / 0.3**2)
+    trace = bayes_opt(truth, truth, 1e-6 * cov, n_iter=3, start=0)
+    assert trace.queries[1] == int(np.argmax(truth)) and trace.regret[1] == 0
+    flat = bayes_opt(truth, np.zeros_like(truth), cov, n_iter=3, start=0)
+    assert flat.regret[0] == truth.max() - truth[0]

@@ -156,12 +156,17 @@ class SeedResult:
 
 
 def run_cbo(fit: Fit, truth, grid, n_iter: int, start: int) -> dict[str, BOTrace]:
-    """EI with the causal prior (calibrated IMPspec) against a zero-mean GP, same base kernel."""
+    """EI with the causal prior (calibrated IMPspec) against a zero-mean GP, same base kernel.
+
+    ``"mean_only"`` is the ablation that keeps the causal prior's mean and drops its
+    uncertainty term (covariance $k$ alone), so that a gain can be split between the two.
+    """
     base = GaussianKernel(fit.treatment.kernel.lengthscale, float(fit.posterior.data.Y.var()))
     base_cov = base.gram(grid).numpy()
     est = fit.estimates.get("impspec_cal", fit.estimates["impspec"])
     mean, cov = causal_prior(est.mean, est.sd**2, base_cov)
     return {"causal": bayes_opt(truth, mean, cov, n_iter, start),
+            "mean_only": bayes_opt(truth, mean, base_cov, n_iter, start),
             "zero_mean": bayes_opt(truth, np.zeros_like(truth), base_cov, n_iter, start)}
 
 
