@@ -1,0 +1,666 @@
+"""Hyperbolic residual quantisation for generative recommendation (HG-Rec style).
+
+Chapter ``hyperbolic-rq`` of the book. The module has five parts.
+
+* **Poincaré ball** of curvature ``-c`` (``c > 0``): :func:`mobius_add` {eq}`eq-hrq-mobius`,
+  :func:`expmap0` and :func:`logmap0` {eq}`eq-hrq-exp-log`, :func:`dist` {eq}`eq-hrq-dist` and
+  :func:`project`. Public functions reject points outside the ball and curvatures that are not
+  positive; the chapter and the tests check them against ``geoopt.PoincareBall``.
+* **Residual quantisation** in either geometry: :func:`residual_quantize` (Euclidean
+  {eq}`eq-hrq-rq` or hyperbolic {eq}`eq-hrq-hrq`), :func:`reconstruct` {eq}`eq-hrq-recon`,
+  :func:`collision_rate` and :func:`usage_perplexity`.
+* **Tokenizers**: :func:`train_tokenizer`, an RQ-VAE (MLP encoder and decoder, codebooks in the
+  tangent space at the origin mapped by ``expmap0``, straight-through estimator in the tangent
+  space) with any per-layer codebook sizes (uniform or pyramid).
+* **Data**: :func:`make_catalogue` (items on a known three-level tree, sessions as walks on it).
+* **Recommender**: :class:`SemanticIdRecommender` (a GRU over the semantic IDs of the history, a
+  GRU-cell decoder over the next item's tokens), :func:`build_trie`, :func:`beam_search`
+  (trie-constrained) and :func:`evaluate` (Recall@K and NDCG@K, leave-one-out).
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .core import check_count, check_positive  # noqa: F401
+
+# --- Poincaré ball ---------------------------------------------------------------------------
+
+_EPS = {torch.float32: 4e-3, torch.float64: 1e-5}  # boundary margin, relative to 1/sqrt(c)
+_MIN_NORM = 1e-15
+GEOMETRIES = ("euclidean", "hyperbolic")
+
+
+def check_curvature(c) -> float:
+    """Return the ball's ``c`` (curvature ``-c``) as a float; ``c`` must be a positive real."""
+    if isinstance(c, bool) or not isinstance(c, numbers.Real):
+        raise TypeError(f"c must be a positive real number, got {type(c).__name__}")
+    c = float(c)
+    if not c > 0 or not np.isfinite(c):
+        raise ValueError(f"the Poincaré ball needs c > 0 (curvature -c < 0), got c = {c}")
+    return c
+
+
+def _tensor(x, name: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _EPS:
+        raise TypeError(f"{name} must be float32 or float64, got {x.dtype}")
+    if x.ndim < 1 or x.shape[-1] < 1:
+        raise ValueError(f"{name} must have points along its last axis, got {tuple(x.shape)}")
+    if not bool(torch.isfinite(x.detach()).all()):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return x
+
+
+def check_in_ball(x, c: float = 1.0, name: str = "x") -> Tensor:
+    """Return ``x`` if every row lies strictly inside the ball ``c ||x||^2 < 1``."""
+    c = check_curvature(c)
+    x = _tensor(x, name)
+    sq = float((c * x.detach().pow(2).sum(-1)).max()) if x.numel() else 0.0
+    if sq >= 1.0:
+        raise ValueError(f"{name} has a point outside the Poincaré ball: c ||x||^2 = {sq:.6g} >= 1")
+    return x
+
+
+def _mobius_add(x: Tensor, y: Tensor, c: float) -> Tensor:
+    xy = (x * y).sum(-1, keepdim=True)
+    x2 = x.pow(2).sum(-1, keepdim=True)
+    y2 = y.pow(2).sum(-1, keepdim=True)
+    num = (1 + 2 * c * xy + c * y2) * x + (1 - c * x2) * y
+    den = 1 + 2 * c * xy + c**2 * x2 * y2
+    return num / den.clamp_min(_MIN_NORM)
+
+
+def _project(x: Tensor, c: float) -> Tensor:
+    norm = x.norm(dim=-1, keepdim=True).clamp_min(_MIN_NORM)
+    max_norm = (1 - _EPS[x.dtype]) / c**0.5
+    return torch.where(norm > max_norm, x / norm * max_norm, x)
+
+
+def _expmap0(v: Tensor, c: float) -> Tensor:
+    sc = c**0.5
+    norm = v.norm(dim=-1, keepdim=True).clamp_min(_MIN_NORM)
+    return _project(torch.tanh(sc * norm) * v / (sc * norm), c)
+
+
+def _artanh(x: Tensor) -> Tensor:
+    x = x.clamp(-1 + 1e-15, 1 - 1e-15)
+    return 0.5 * (torch.log1p(x) - torch.log1p(-x))
+
+
+def _logmap0(y: Tensor, c: float) -> Tensor:
+    sc = c**0.5
+    norm = y.norm(dim=-1, keepdim=True).clamp_min(_MIN_NORM)
+    return _artanh(sc * norm) * y / (sc * norm)
+
+
+def _dist(x: Tensor, y: Tensor, c: float) -> Tensor:
+    sc = c**0.5
+    return 2 / sc * _artanh(sc * _mobius_add(-x, y, c).norm(dim=-1))
+
+
+def mobius_add(x, y, c: float = 1.0) -> Tensor:
+    """Möbius addition ``x ⊕_c y`` {eq}`eq-hrq-mobius` (broadcasts over leading axes)."""
+    c = check_curvature(c)
+    return _mobius_add(check_in_ball(x, c, "x"), check_in_ball(y, c, "y"), c)
+
+
+def expmap0(v, c: float = 1.0) -> Tensor:
+    """Exponential map at the origin {eq}`eq-hrq-exp-log`, projected just inside the ball."""
+    c = check_curvature(c)
+    return _expmap0(_tensor(v, "v"), c)
+
+
+def logmap0(y, c: float = 1.0) -> Tensor:
+    """Logarithm map at the origin {eq}`eq-hrq-exp-log`, the inverse of :func:`expmap0`."""
+    c = check_curvature(c)
+    return _logmap0(check_in_ball(y, c, "y"), c)
+
+
+def dist(x, y, c: float = 1.0) -> Tensor:
+    """Geodesic distance on the ball {eq}`eq-hrq-dist`."""
+    c = check_curvature(c)
+    return _dist(check_in_ball(x, c, "x"), check_in_ball(y, c, "y"), c)
+
+
+def project(x, c: float = 1.0) -> Tensor:
+    """Pull points farther than ``(1 - eps)/sqrt(c)`` from the origin back onto that sphere."""
+    c = check_curvature(c)
+    return _project(_tensor(x, "x"), c)
+
+
+# --- Residual quantisation -------------------------------------------------------------------
+
+
+def _check_geometry(geometry: str) -> str:
+    if geometry not in GEOMETRIES:
+        raise ValueError(f"geometry must be one of {GEOMETRIES}, got {geometry!r}")
+    return geometry
+
+
+def _check_codebooks(codebooks) -> list[Tensor]:
+    if not isinstance(codebooks, (list, tuple)) or len(codebooks) == 0:
+        raise ValueError("codebooks must be a non-empty list of (K_l, d) tensors")
+    out = []
+    for level, book in enumerate(codebooks):
+        _tensor(book, f"codebooks[{level}]")
+        if book.ndim != 2 or book.shape[0] == 0:
+            raise ValueError(f"codebooks[{level}] must be a non-empty (K, d) matrix, "
+                             f"got shape {tuple(book.shape)}")
+        out.append(book)
+    return out
+
+
+def _sub(r: Tensor, q: Tensor, geometry: str, c: float) -> Tensor:
+    return r - q if geometry == "euclidean" else _mobius_add(-q, r, c)
+
+
+def _add(q: Tensor, r: Tensor, geometry: str, c: float) -> Tensor:
+    return q + r if geometry == "euclidean" else _mobius_add(q, r, c)
+
+
+def _pairwise(r: Tensor, book: Tensor, geometry: str, c: float) -> Tensor:
+    if geometry == "euclidean":
+        return torch.cdist(r, book)
+    return _dist(r[:, None, :], book[None, :, :], c)
+
+
+def _quantize(z: Tensor, codebooks: list[Tensor], geometry: str, c: float):
+    residual, codes, residuals = z, [], [z]
+    for book in codebooks:
+        k = _pairwise(residual.detach(), book.detach(), geometry, c).argmin(dim=1)
+        residual = _sub(residual, book[k], geometry, c)
+        codes.append(k)
+        residuals.append(residual)
+    return torch.stack(codes, dim=1), residuals
+
+
+def residual_quantize(z, codebooks, geometry: str = "hyperbolic", c: float = 1.0):
+    """Quantise rows of ``z`` layer by layer; return ``(codes, residuals)``.
+
+    Euclidean {eq}`eq-hrq-rq`: ``k_l = argmin ||r_l - e_{l,k}||`` and
+    ``r_{l+1} = r_l - e_{l,k_l}``. Hyperbolic {eq}`eq-hrq-hrq`: ``k_l = argmin d_c(r_l, e_{l,k})``
+    and ``r_{l+1} = (-e_{l,k_l}) ⊕_c r_l``. ``codes`` is ``(n, L)``; ``residuals`` lists
+    ``r_1 .. r_{L+1}``.
+    """
+    geometry = _check_geometry(geometry)
+    codebooks = _check_codebooks(codebooks)
+    c = check_curvature(c)
+    z = check_in_ball(z, c, "z") if geometry == "hyperbolic" else _tensor(z, "z")
+    if z.ndim != 2:
+        raise ValueError(f"z must be an (n, d) matrix, got shape {tuple(z.shape)}")
+    for level, book in enumerate(codebooks):
+        if book.shape[1] != z.shape[1]:
+            raise ValueError(f"codebooks[{level}] has dimension {book.shape[1]}, "
+                             f"z has {z.shape[1]}")
+        if geometry == "hyperbolic":
+            check_in_ball(book, c, f"codebooks[{level}]")
+    return _quantize(z, codebooks, geometry, c)
+
+
+def reconstruct(codebooks, codes, geometry: str = "hyperbolic", c: float = 1.0, tail=None):
+    """Rebuild ``e_{1,k_1} ⊕ (e_{2,k_2} ⊕ (... ⊕ (e_{L,k_L} ⊕ tail)))`` {eq}`eq-hrq-recon`.
+
+    The nesting is innermost-last because Möbius addition is neither commutative nor associative;
+    with ``tail`` the last residual ``r_{L+1}`` the reconstruction is exact.
+    """
+    geometry = _check_geometry(geometry)
+    codebooks = _check_codebooks(codebooks)
+    c = check_curvature(c)
+    if not isinstance(codes, Tensor) or codes.ndim != 2 or codes.shape[1] != len(codebooks):
+        raise ValueError(f"codes must be an (n, {len(codebooks)}) integer tensor")
+    out = tail if tail is not None else torch.zeros(
+        codes.shape[0], codebooks[0].shape[1], dtype=codebooks[0].dtype)
+    for level in range(len(codebooks) - 1, -1, -1):
+        out = _add(codebooks[level][codes[:, level]], out, geometry, c)
+    return out
+
+
+def collision_rate(codes) -> float:
+    """``1 - (number of distinct code tuples) / (number of items)``, before de-duplication."""
+    codes = np.asarray(codes)
+    if codes.ndim != 2 or codes.shape[0] == 0:
+        raise ValueError("codes must be a non-empty (n, L) array")
+    return 1.0 - len(np.unique(codes, axis=0)) / codes.shape[0]
+
+
+def usage_perplexity(codes, sizes) -> np.ndarray:
+    """Per-layer ``exp(entropy of code usage) / K_l``: 1 when every code is used equally often."""
+    codes = np.asarray(codes)
+    sizes = check_sizes(sizes)
+    if codes.ndim != 2 or codes.shape[1] != len(sizes):
+        raise ValueError(f"codes must be an (n, {len(sizes)}) array")
+    out = []
+    for level, k in enumerate(sizes):
+        p = np.bincount(codes[:, level], minlength=k) / codes.shape[0]
+        p = p[p > 0]
+        out.append(np.exp(-(p * np.log(p)).sum()) / k)
+    return np.array(out)
+
+
+def check_sizes(sizes) -> tuple[int, ...]:
+    """Codebook sizes per layer: a non-empty sequence of positive integers."""
+    if not isinstance(sizes, (list, tuple)) or len(sizes) == 0:
+        raise ValueError("sizes must be a non-empty list of codebook sizes")
+    return tuple(check_count(k, "codebook size", minimum=1) for k in sizes)
+
+
+# --- Tokenizers (RQ-VAE) ---------------------------------------------------------------------
+
+
+def _lift(t: Tensor, geometry: str, c: float) -> Tensor:
+    return t if geometry == "euclidean" else _expmap0(t, c)
+
+
+def _lower(z: Tensor, geometry: str, c: float) -> Tensor:
+    return z if geometry == "euclidean" else _logmap0(z, c)
+
+
+def _kmeans(points: Tensor, k: int, geometry: str, c: float, gen: torch.Generator,
+            iters: int = 10) -> Tensor:
+    """Lloyd's k-means in the given geometry; centroids are averaged in the tangent space at 0."""
+    n = points.shape[0]
+    idx = torch.randperm(n, generator=gen)[:k]
+    if n < k:
+        idx = torch.randint(n, (k,), generator=gen)
+    centres = points[idx].clone()
+    tangent = _lower(points, geometry, c)
+    for _ in range(iters):
+        assign = _pairwise(points, centres, geometry, c).argmin(dim=1)
+        for j in range(k):
+            members = assign == j
+            if members.any():
+                centres[j] = _lift(tangent[members].mean(0), geometry, c)
+    return centres
+
+
+def fit_codebooks(z, sizes, geometry: str = "hyperbolic", c: float = 1.0, seed: int = 0,
+                  iters: int = 10) -> list[Tensor]:
+    """Residual k-means without an encoder: layer ``l`` clusters the residuals ``r_l``.
+
+    This is the codebook initialisation of :func:`train_tokenizer`, usable on its own as a
+    training-free tokenizer of fixed latents ``z``.
+    """
+    geometry = _check_geometry(geometry)
+    sizes = check_sizes(sizes)
+    c = check_curvature(c)
+    z = check_in_ball(z, c, "z") if geometry == "hyperbolic" else _tensor(z, "z")
+    gen = torch.Generator().manual_seed(seed)
+    residual, books = z.detach(), []
+    for k in sizes:
+        centres = _kmeans(residual, k, geometry, c, gen, iters)
+        codes = _pairwise(residual, centres, geometry, c).argmin(1)
+        residual = _sub(residual, centres[codes], geometry, c)
+        books.append(centres)
+    return books
+
+
+@dataclass
+class Tokenizer:
+    """A trained RQ-VAE: its semantic IDs and what it cost."""
+
+    geometry: str
+    sizes: tuple[int, ...]
+    codes: np.ndarray
+    codebooks: list[Tensor]
+    latent: Tensor
+    seconds: float
+    losses: list[float]
+
+    @property
+    def collision(self) -> float:
+        return collision_rate(self.codes)
+
+    @property
+    def perplexity(self) -> np.ndarray:
+        return usage_perplexity(self.codes, self.sizes)
+
+
+class _RQVAE(nn.Module):
+    def __init__(self, d_in: int, hidden: int, latent: int, sizes, geometry: str, c: float,
+                 clip: float):
+        super().__init__()
+        self.geometry, self.c, self.clip = geometry, c, clip
+        self.enc = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, latent))
+        self.dec = nn.Sequential(nn.Linear(latent, hidden), nn.ReLU(), nn.Linear(hidden, d_in))
+        # codebooks are stored in the tangent space at the origin (Euclidean: the codewords)
+        self.books = nn.ParameterList([nn.Parameter(torch.zeros(k, latent)) for k in sizes])
+
+    def codewords(self) -> list[Tensor]:
+        return [_lift(b, self.geometry, self.c) for b in self.books]
+
+    def encode(self, x: Tensor) -> Tensor:
+        t = self.enc(x)
+        if self.geometry == "hyperbolic":  # feature clipping: tangent norm at most clip/sqrt(c)
+            norm = t.norm(dim=-1, keepdim=True).clamp_min(_MIN_NORM)
+            t = t * (self.clip / self.c**0.5 / norm).clamp(max=1.0)
+        return _lift(t, self.geometry, self.c)
+
+    def forward(self, x: Tensor, beta: float):
+        z = self.encode(x)
+        books = self.codewords()
+        codes, residuals = _quantize(z, books, self.geometry, self.c)
+        vq = x.new_zeros(())
+        for level, book in enumerate(books):
+            q = book[codes[:, level]]
+            r = residuals[level]
+            if self.geometry == "euclidean":
+                d_book = (r.detach() - q).pow(2).sum(-1)
+                d_commit = (r - q.detach()).pow(2).sum(-1)
+            else:
+                d_book = _dist(r.detach(), q, self.c).pow(2)
+                d_commit = _dist(r, q.detach(), self.c).pow(2)
+            vq = vq + d_book.mean() + beta * d_commit.mean()
+        zq = reconstruct(books, codes, self.geometry, self.c)
+        t, tq = _lower(z, self.geometry, self.c), _lower(zq, self.geometry, self.c)
+        t_st = t + (tq - t).detach()  # straight-through in the tangent space at the origin
+        recon = (self.dec(t_st) - x).pow(2).sum(-1).mean()
+        return recon + vq, codes
+
+
+def train_tokenizer(x, sizes, geometry: str = "hyperbolic", *, c: float = 1.0, latent: int = 8,
+                    hidden: int = 64, epochs: int = 150, warmup: int = 30, lr: float = 3e-3,
+                    beta: float = 0.25, clip: float = 1.0, seed: int = 0) -> Tokenizer:
+    """Train an RQ-VAE tokenizer on item embeddings ``x`` (n, d) full batch; return its IDs.
+
+    ``warmup`` epochs train the autoencoder alone; then each codebook is initialised by k-means
+    on that layer's residuals (:func:`residual_quantize` order) and everything trains jointly
+    with the codebook and commitment terms measured in the tokenizer's own distance. The clock
+    covers the whole training, so both geometries are timed at equal epochs.
+    """
+    geometry = _check_geometry(geometry)
+    sizes = check_sizes(sizes)
+    c = check_curvature(c)
+    x = _tensor(torch.as_tensor(x, dtype=torch.float32), "x")
+    if x.ndim != 2 or x.shape[0] < 2:
+        raise ValueError("x must be an (n, d) matrix with n >= 2")
+    check_count(epochs, "epochs", minimum=1)
+    check_count(warmup, "warmup", minimum=0)
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = _RQVAE(x.shape[1], hidden, latent, sizes, geometry, c, clip)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    start = time.perf_counter()
+    for _ in range(warmup):
+        t = _lower(model.encode(x), geometry, c)
+        loss = (model.dec(t) - x).pow(2).sum(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        residual = model.encode(x)
+        for level, k in enumerate(sizes):
+            centres = _kmeans(residual, k, geometry, c, gen)
+            model.books[level].copy_(_lower(centres, geometry, c))
+            codes = _pairwise(residual, centres, geometry, c).argmin(1)
+            residual = _sub(residual, centres[codes], geometry, c)
+    for _ in range(epochs):
+        loss, _ = model(x, beta)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    seconds = time.perf_counter() - start
+    with torch.no_grad():
+        z = model.encode(x)
+        books = [b.detach() for b in model.codewords()]
+        codes, _ = _quantize(z, books, geometry, c)
+    return Tokenizer(geometry, sizes, codes.numpy(), books, z.detach(), seconds, losses)
+
+
+# --- Data ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Catalogue:
+    """Items with content embeddings, their tree path, and user sessions (lists of item ids)."""
+
+    features: np.ndarray
+    sessions: list[np.ndarray]
+    paths: np.ndarray | None = None
+
+    @property
+    def n_items(self) -> int:
+        return self.features.shape[0]
+
+
+def make_catalogue(branching=(6, 4, 4), items_per_leaf: int = 8, dim: int = 32,
+                   scales=(1.0, 0.5, 0.25, 0.12), n_users: int = 500, length=(8, 14),
+                   moves=(0.55, 0.25, 0.12, 0.08), seed: int = 0) -> Catalogue:
+    """A catalogue on a known three-level tree, and sessions that walk on it.
+
+    Item ``i`` under path ``(a, b, l)`` has embedding ``tanh(W (m_a + m_ab + m_abl + s_4 g_i))``
+    with Gaussian offsets of scales ``scales`` per level and a fixed random ``W`` (so that no
+    geometry is favoured by construction). A session moves to an item of the same leaf, the same
+    sub-category, the same category or anywhere with probabilities ``moves``.
+    """
+    if len(branching) != 3 or len(scales) != 4:
+        raise ValueError("branching needs three levels and scales four (three levels and the item)")
+    b = [check_count(v, "branching", minimum=1) for v in branching]
+    per = check_count(items_per_leaf, "items_per_leaf", minimum=1)
+    moves = np.asarray(moves, dtype=float)
+    if moves.shape != (4,) or (moves < 0).any() or abs(moves.sum() - 1) > 1e-9:
+        raise ValueError("moves must be four probabilities summing to 1")
+    rng = np.random.default_rng(seed)
+    paths = np.array([(i, j, k) for i in range(b[0]) for j in range(b[1]) for k in range(b[2])
+                      for _ in range(per)])
+    n = len(paths)
+    m1 = rng.normal(size=(b[0], dim)) * scales[0]
+    m2 = rng.normal(size=(b[0], b[1], dim)) * scales[1]
+    m3 = rng.normal(size=(b[0], b[1], b[2], dim)) * scales[2]
+    a, b_, leaf_ = paths[:, 0], paths[:, 1], paths[:, 2]
+    raw = m1[a] + m2[a, b_] + m3[a, b_, leaf_] + rng.normal(size=(n, dim)) * scales[3]
+    w = rng.normal(size=(dim, dim)) / np.sqrt(dim)
+    features = np.tanh(raw @ w * 1.5)
+    leaf = paths[:, 0] * b[1] * b[2] + paths[:, 1] * b[2] + paths[:, 2]
+    groups = [leaf, paths[:, 0] * b[1] + paths[:, 1], paths[:, 0]]
+    members = [{g: np.flatnonzero(key == g) for g in np.unique(key)} for key in groups]
+    sessions = []
+    lo, hi = length
+    for _ in range(check_count(n_users, "n_users", minimum=1)):
+        item = int(rng.integers(n))
+        seq = [item]
+        for _ in range(int(rng.integers(lo, hi + 1)) - 1):
+            move = rng.choice(4, p=moves)
+            pool = np.arange(n) if move == 3 else members[move][groups[move][item]]
+            item = int(rng.choice(pool))
+            seq.append(item)
+        sessions.append(np.array(seq))
+    return Catalogue(features.astype(np.float32), sessions, paths)
+
+
+# --- Recommender over semantic IDs -----------------------------------------------------------
+
+
+def dedup_tokens(codes) -> np.ndarray:
+    """Append a suffix token 0, 1, 2, ... to items that share a code tuple (unique IDs)."""
+    codes = np.asarray(codes)
+    if codes.ndim != 2 or codes.shape[0] == 0:
+        raise ValueError("codes must be a non-empty (n, L) array")
+    _, inverse = np.unique(codes, axis=0, return_inverse=True)
+    inverse = inverse.ravel()
+    suffix = np.zeros(len(codes), dtype=np.int64)
+    seen: dict[int, int] = {}
+    for i, g in enumerate(inverse):
+        suffix[i] = seen.get(g, 0)
+        seen[g] = suffix[i] + 1
+    return np.concatenate([codes, suffix[:, None]], axis=1).astype(np.int64)
+
+
+@dataclass
+class Trie:
+    """Prefix tree of the items' token tuples, as per-level child tables (-1: no child)."""
+
+    children: list[Tensor]
+    leaf_to_item: Tensor
+    vocab: tuple[int, ...]
+
+
+def build_trie(tokens) -> Trie:
+    """Trie over unique token tuples (n, L'); ``children[l][node, token]`` is the child node."""
+    tokens = np.asarray(tokens)
+    if len(np.unique(tokens, axis=0)) != len(tokens):
+        raise ValueError("token tuples must be unique (de-duplicate them first)")
+    n, depth = tokens.shape
+    vocab = tuple(int(tokens[:, lev].max()) + 1 for lev in range(depth))
+    node = np.zeros(n, dtype=np.int64)
+    children = []
+    for lev in range(depth):
+        _, child = np.unique(tokens[:, :lev + 1], axis=0, return_inverse=True)
+        child = child.ravel()
+        table = np.full((node.max() + 1, vocab[lev]), -1, dtype=np.int64)
+        table[node, tokens[:, lev]] = child
+        children.append(torch.from_numpy(table))
+        node = child
+    leaf_to_item = np.empty(n, dtype=np.int64)
+    leaf_to_item[node] = np.arange(n)
+    return Trie(children, torch.from_numpy(leaf_to_item), vocab)
+
+
+def make_examples(sessions, n_items: int, history: int = 8):
+    """Leave-one-out examples: training pairs from every prefix but the last, and the test pair.
+
+    Returns ``(train_hist, train_target, test_hist, test_target)``; histories are left-padded
+    with ``-1``. Sessions must be sequences of item ids in ``[0, n_items)`` of length >= 3.
+    """
+    train_h, train_t, test_h, test_t = [], [], [], []
+    check_count(history, "history", minimum=1)
+    for u, s in enumerate(sessions):
+        s = np.asarray(s)
+        if s.ndim != 1 or len(s) < 3:
+            raise ValueError(f"session {u} must be a 1-D sequence of at least 3 items")
+        if not np.issubdtype(s.dtype, np.integer):
+            raise TypeError(f"session {u} must hold integer item ids, got {s.dtype}")
+        if s.min() < 0 or s.max() >= n_items:
+            raise ValueError(f"session {u} refers to an unknown item (ids must lie in "
+                             f"[0, {n_items}), got {s.min()}..{s.max()})")
+        padded = np.concatenate([np.full(history, -1), s])
+        for t in range(1, len(s)):
+            h = padded[t:t + history]
+            (test_h if t == len(s) - 1 else train_h).append(h)
+            (test_t if t == len(s) - 1 else train_t).append(s[t])
+    as_t = lambda a: torch.from_numpy(np.array(a, dtype=np.int64))  # noqa: E731
+    return as_t(train_h), as_t(train_t), as_t(test_h), as_t(test_t)
+
+
+class SemanticIdRecommender(nn.Module):
+    """GRU over the history's semantic IDs; a GRU-cell decoder emits the next item's tokens."""
+
+    def __init__(self, tokens, dim: int = 48):
+        super().__init__()
+        tokens = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
+        self.register_buffer("tokens", tokens)
+        self.vocab = tuple(int(tokens[:, lev].max()) + 1 for lev in range(tokens.shape[1]))
+        self.item_emb = nn.ModuleList([nn.Embedding(v, dim) for v in self.vocab])
+        self.pad = nn.Parameter(torch.zeros(dim))
+        self.gru = nn.GRU(dim, dim, batch_first=True)
+        self.start = nn.Parameter(torch.zeros(dim))
+        self.tok_emb = nn.ModuleList([nn.Embedding(v, dim) for v in self.vocab])
+        self.cell = nn.GRUCell(dim, dim)
+        self.heads = nn.ModuleList([nn.Linear(dim, v) for v in self.vocab])
+
+    def encode(self, hist: Tensor) -> Tensor:
+        safe = hist.clamp_min(0)
+        tok = self.tokens[safe]  # (n, H, L')
+        e = sum(emb(tok[..., lev]) for lev, emb in enumerate(self.item_emb))
+        e = torch.where((hist < 0)[..., None], self.pad.expand_as(e), e)
+        _, h = self.gru(e)
+        return h[0]
+
+    def step(self, s: Tensor, level: int, token: Tensor | None) -> Tensor:
+        x = self.start.expand(s.shape[0], -1) if token is None else self.tok_emb[level - 1](token)
+        return self.cell(x, s)
+
+    def loss(self, hist: Tensor, target: Tensor) -> Tensor:
+        s = self.encode(hist)
+        tok = self.tokens[target]
+        total = hist.new_zeros((), dtype=torch.float32)
+        for lev, head in enumerate(self.heads):
+            s = self.step(s, lev, None if lev == 0 else tok[:, lev - 1])
+            total = total + nn.functional.cross_entropy(head(s), tok[:, lev])
+        return total
+
+
+def train_recommender(tokens, sessions, n_items: int, *, dim: int = 48, history: int = 8,
+                      epochs: int = 8, batch: int = 256, lr: float = 3e-3, seed: int = 0):
+    """Fit :class:`SemanticIdRecommender` by teacher forcing; return ``(model, test pairs)``."""
+    train_h, train_t, test_h, test_t = make_examples(sessions, n_items, history)
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    model = SemanticIdRecommender(tokens, dim)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for _ in range(check_count(epochs, "epochs", minimum=1)):
+        perm = torch.randperm(len(train_t), generator=gen)
+        for i in range(0, len(perm), batch):
+            idx = perm[i:i + batch]
+            loss = model.loss(train_h[idx], train_t[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return model, (test_h, test_t)
+
+
+@torch.no_grad()
+def beam_search(model: SemanticIdRecommender, trie: Trie, hist: Tensor, beam: int = 10) -> Tensor:
+    """Trie-constrained beam search: the ``beam`` best valid items per history, best first.
+
+    Every beam is a valid prefix of some item's ID; returns ``(n, beam)`` item ids (``-1`` when
+    fewer than ``beam`` items exist).
+    """
+    check_count(beam, "beam", minimum=1)
+    s = model.encode(hist)
+    n, dim = s.shape
+    score = torch.full((n, beam), float("-inf"))
+    score[:, 0] = 0.0
+    node = torch.zeros(n, beam, dtype=torch.long)
+    state = s[:, None, :].expand(n, beam, dim).reshape(n * beam, dim)
+    token = None
+    for lev, head in enumerate(model.heads):
+        state = model.step(state, lev, token)
+        logp = torch.log_softmax(head(state), -1).view(n, beam, -1)
+        child = trie.children[lev][node]  # (n, beam, V_l)
+        total = (score[..., None] + logp).masked_fill(child < 0, float("-inf"))
+        score, flat = total.view(n, -1).topk(beam, dim=1)
+        parent, token = flat // logp.shape[-1], flat % logp.shape[-1]
+        node = child.view(n, -1).gather(1, flat).clamp_min(0)
+        state = state.view(n, beam, dim).gather(1, parent[..., None].expand(n, beam, dim))
+        state = state.reshape(n * beam, dim)
+        token = token.reshape(-1)
+    items = trie.leaf_to_item[node]
+    return torch.where(torch.isfinite(score), items, torch.full_like(items, -1))
+
+
+def ranking_metrics(ranked: Tensor, target: Tensor, k: int = 10) -> tuple[float, float]:
+    """Recall@k (hit rate, one relevant item) and NDCG@k = 1/log2(rank + 2) of the target."""
+    hits = ranked[:, :k] == target[:, None]
+    found = hits.any(1)
+    rank = hits.float().argmax(1)
+    ndcg = torch.where(found, 1.0 / torch.log2(rank.float() + 2), torch.zeros(()))
+    return float(found.float().mean()), float(ndcg.mean())
+
+
+def evaluate(tokens, sessions, n_items: int, *, k: int = 10, seed: int = 0, **train_kw):
+    """Train a recommender on ``tokens`` (de-duplicated IDs) and return Recall@k and NDCG@k."""
+    trie = build_trie(tokens)
+    model, (test_h, test_t) = train_recommender(tokens, sessions, n_items, seed=seed, **train_kw)
+    ranked = beam_search(model, trie, test_h, beam=max(k, 10))
+    return ranking_metrics(ranked, test_t, k)
+
+
+__all__ = [
+    "GEOMETRIES", "Catalogue", "SemanticIdRecommender", "Tokenizer", "Trie", "beam_search",
+    "build_trie", "check_curvature", "check_in_ball", "check_positive", "check_sizes",
+    "collision_rate", "dedup_tokens", "dist", "evaluate", "expmap0", "fit_codebooks",
+    "logmap0",
+    "make_catalogue", "make_examples", "mobius_add", "project", "ranking_metrics",
+    "reconstruct", "residual_quantize", "train_recommender", "train_tokenizer",
+    "usage_perplexity",
+]

@@ -1,0 +1,145 @@
+"""Tests for icml26.hyperbolic_rq: ball operations against geoopt, exact RQ identities, IDs."""
+
+import geoopt
+import numpy as np
+import pytest
+import torch
+
+import icml26.hyperbolic_rq as hr
+
+F64 = torch.float64
+
+
+def _points(n, d, c, seed, scale=0.9):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=F64)
+    r = torch.rand(n, 1, generator=g, dtype=F64) * scale / c**0.5
+    return x / x.norm(dim=-1, keepdim=True) * r
+
+
+@pytest.mark.parametrize("c", [0.3, 1.0, 2.5])
+def test_ball_operations_match_geoopt(c):
+    ball = geoopt.PoincareBall(c=torch.tensor(c, dtype=F64))  # float64 curvature
+    x, y = _points(200, 5, c, 0), _points(200, 5, c, 1)
+    v = torch.randn(200, 5, dtype=F64) * 0.7
+    assert torch.allclose(hr.mobius_add(x, y, c), ball.mobius_add(x, y), atol=1e-10)
+    assert torch.allclose(hr.expmap0(v, c), ball.expmap0(v), atol=1e-10)
+    assert torch.allclose(hr.logmap0(x, c), ball.logmap0(x), atol=1e-8)
+    assert torch.allclose(hr.dist(x, y, c), ball.dist(x, y), atol=1e-8)
+
+
+def test_mobius_identities():
+    c = 1.0
+    a, x, y = _points(100, 4, c, 2), _points(100, 4, c, 3), _points(100, 4, c, 4)
+    # left cancellation and isometry of left translation
+    assert torch.allclose(hr.mobius_add(a, hr.mobius_add(-a, x, c), c), x, atol=1e-12)
+    tx, ty = hr.mobius_add(-a, x, c), hr.mobius_add(-a, y, c)
+    assert torch.allclose(hr.dist(tx, ty, c), hr.dist(x, y, c), atol=1e-9)
+    # neither commutative nor associative in general
+    assert (hr.mobius_add(x, y, c) - hr.mobius_add(y, x, c)).abs().max() > 1e-3
+    # exp/log are inverse, and dist(0, x) = 2 artanh(|x|)
+    assert torch.allclose(hr.expmap0(hr.logmap0(x, c), c), x, atol=1e-12)
+    zero = torch.zeros_like(x)
+    assert torch.allclose(hr.dist(zero, x, c), 2 * torch.atanh(x.norm(dim=-1)), atol=1e-10)
+
+
+@pytest.mark.parametrize("geometry", hr.GEOMETRIES)
+def test_residual_quantisation_reconstructs_exactly(geometry):
+    c = 1.0
+    z = _points(300, 3, c, 5, scale=0.95)
+    books = [_points(k, 3, c, 10 + k, scale=0.8) for k in (7, 5, 3)]
+    codes, residuals = hr.residual_quantize(z, books, geometry, c)
+    assert codes.shape == (300, 3) and len(residuals) == 4
+    rebuilt = hr.reconstruct(books, codes, geometry, c, tail=residuals[-1])
+    assert torch.allclose(rebuilt, z, atol=1e-10)
+    # brute force: the chosen codeword is the nearest one in the tokenizer's distance
+    r = residuals[1]
+    if geometry == "hyperbolic":
+        d = geoopt.PoincareBall(c=c).dist(r[:, None], books[1][None])
+    else:
+        d = torch.cdist(r, books[1])
+    assert torch.equal(d.argmin(1), codes[:, 1])
+
+
+def test_small_curvature_limit_is_euclidean_rq():
+    # as c -> 0 Möbius addition tends to vector addition and d_c to twice the Euclidean distance,
+    # so hyperbolic RQ must pick the same codes as Euclidean RQ on points well inside the ball
+    c = 1e-6
+    z = _points(200, 3, 1.0, 21, scale=1.0)
+    books = [_points(k, 3, 1.0, 30 + k, scale=1.0) for k in (6, 4)]
+    codes_h, res_h = hr.residual_quantize(z, books, "hyperbolic", c)
+    codes_e, res_e = hr.residual_quantize(z, books, "euclidean", c)
+    assert torch.equal(codes_h, codes_e)
+    assert torch.allclose(res_h[-1], res_e[-1], atol=1e-4)
+    assert torch.allclose(hr.dist(z, books[0][:1], c), 2 * (z - books[0][:1]).norm(dim=-1),
+                          rtol=1e-4)
+
+
+def test_collision_and_perplexity():
+    codes = np.array([[0, 1], [0, 1], [1, 0], [1, 1]])
+    assert hr.collision_rate(codes) == pytest.approx(0.25)
+    ppl = hr.usage_perplexity(codes, (2, 2))
+    assert ppl[0] == pytest.approx(1.0)
+    assert ppl[1] == pytest.approx(np.exp(-(0.25 * np.log(0.25) + 0.75 * np.log(0.75))) / 2)
+    assert hr.usage_perplexity(np.zeros((5, 1), dtype=int), (4,))[0] == pytest.approx(0.25)
+
+
+def test_tokenizer_trains_and_separates_the_tree():
+    cat = hr.make_catalogue(branching=(3, 2, 2), items_per_leaf=4, n_users=20, seed=0)
+    for geometry in hr.GEOMETRIES:
+        tok = hr.train_tokenizer(cat.features, (6, 4), geometry, epochs=60, warmup=20, seed=0)
+        assert tok.losses[-1] < tok.losses[0]
+        assert tok.codes.shape == (cat.n_items, 2)
+        # the first code carries the top category far better than chance (1/3)
+        top = cat.paths[:, 0]
+        purity = sum(np.bincount(top[tok.codes[:, 0] == k]).max()
+                     for k in np.unique(tok.codes[:, 0])) / cat.n_items
+        assert purity > 0.8
+        if geometry == "hyperbolic":
+            assert float(tok.latent.norm(dim=-1).max()) < 1.0
+
+
+def test_trie_beam_search_returns_valid_distinct_items():
+    codes = np.array([[0, 0], [0, 0], [0, 1], [1, 2], [2, 2], [2, 2], [2, 2]])
+    tokens = hr.dedup_tokens(codes)
+    assert len(np.unique(tokens, axis=0)) == len(codes)
+    trie = hr.build_trie(tokens)
+    sessions = [np.array([0, 2, 3, 4, 5]), np.array([6, 1, 0, 2])]
+    model, (test_h, _) = hr.train_recommender(tokens, sessions, 7, epochs=2, dim=8)
+    ranked = hr.beam_search(model, trie, test_h, beam=10)
+    for row in ranked:
+        valid = row[row >= 0]
+        assert len(valid) == 7 and len(set(valid.tolist())) == 7  # every item, once
+        assert (row[7:] == -1).all()
+
+
+def test_ranking_metrics():
+    ranked = torch.tensor([[3, 1, 2], [0, 1, 2]])
+    recall, ndcg = hr.ranking_metrics(ranked, torch.tensor([1, 5]), k=3)
+    assert recall == pytest.approx(0.5)
+    assert ndcg == pytest.approx(0.5 / np.log2(3))
+
+
+def test_bad_input():
+    x = torch.tensor([[0.9, 0.9]], dtype=F64)
+    with pytest.raises(ValueError, match="outside"):
+        hr.dist(x, torch.zeros_like(x))
+    with pytest.raises(ValueError, match="c > 0"):
+        hr.expmap0(torch.zeros(1, 2), c=-1.0)
+    with pytest.raises(TypeError):
+        hr.check_curvature("1")
+    with pytest.raises(ValueError, match="non-empty"):
+        hr.residual_quantize(torch.zeros(2, 2), [])
+    with pytest.raises(ValueError, match="non-empty"):
+        hr.residual_quantize(torch.zeros(2, 2), [torch.zeros(0, 2)])
+    with pytest.raises(ValueError):
+        hr.check_sizes((4, 0))
+    with pytest.raises(ValueError, match="unknown item"):
+        hr.make_examples([np.array([0, 1, 9])], n_items=5)
+    with pytest.raises(ValueError, match="moves"):
+        hr.make_catalogue(moves=(0.5, 0.5, 0.5, -0.5))
+    with pytest.raises(ValueError, match="outside"):
+        hr.residual_quantize(torch.tensor([[0.5, 0.5]], dtype=F64),
+                             [torch.tensor([[1.5, 0.0]], dtype=F64)], "hyperbolic")
+    with pytest.raises(ValueError, match="unique"):
+        hr.build_trie(np.array([[0, 1], [0, 1]]))
