@@ -1,0 +1,231 @@
+"""Tests of icml26.hyperspherical_sharing: geoopt as the oracle for Riemannian steps, autograd and
+torch's weight_norm for the radial/tangential identity, PettingZoo's own API test for the
+environment wrapper, brute-force loops for the batched policy and the agreement statistics."""
+
+import math
+
+import geoopt
+import numpy as np
+import pytest
+import torch
+
+from icml26 import hyperspherical_sharing as hs
+
+
+def test_hand_written_riemannian_sgd_equals_geoopt():
+    gen = torch.Generator().manual_seed(0)
+    u0 = hs.unit_rows(torch.randn(3, 5, 7, generator=gen))
+    egrad = torch.randn(3, 5, 7, generator=gen)
+    point = geoopt.ManifoldParameter(u0.clone(), manifold=geoopt.Sphere())
+    opt = geoopt.optim.RiemannianSGD([point], lr=0.3)
+    point.grad = egrad.clone()
+    opt.step()
+    ours = hs.riemannian_sgd_step(u0, egrad, 0.3)
+    torch.testing.assert_close(ours, point.detach(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(hs.tangent_project(u0, egrad),
+                               geoopt.Sphere().egrad2rgrad(u0, egrad), atol=1e-6, rtol=0)
+    torch.testing.assert_close(torch.linalg.vector_norm(ours, dim=-1), torch.ones(3, 5))
+
+
+def test_riemannian_adam_keeps_rows_on_the_sphere_and_moves_tangentially():
+    gen = torch.Generator().manual_seed(1)
+    policy = hs.AgentPolicy("hps", 3, n_seeds=2, hidden=8, seed=0)
+    opt = geoopt.optim.RiemannianAdam(policy.sphere_params, lr=0.05)
+    obs = torch.randn(2, 3, 16, 2, generator=gen)
+    for _ in range(5):
+        opt.zero_grad()
+        policy(obs).pow(2).sum().backward()
+        opt.step()
+    for p in policy.sphere_params:
+        torch.testing.assert_close(torch.linalg.vector_norm(p.detach(), dim=-1),
+                                   torch.ones(p.shape[:-1]), atol=1e-5, rtol=0)
+
+
+def test_radial_part_is_the_scale_gradient_weight_norm():
+    """Lemma eq-hps-polar: dL/d(rho) = <u, grad_w L>, checked with torch's weight_norm."""
+    gen = torch.Generator().manual_seed(2)
+    layer = torch.nn.Linear(6, 4)
+    torch.nn.utils.parametrizations.weight_norm(layer, dim=0)
+    x = torch.randn(32, 6, generator=gen)
+    layer(x).tanh().sum().backward()
+    g_scale = layer.parametrizations.weight.original0.grad.view(-1)
+    w = layer.weight.detach().clone().requires_grad_(True)
+    torch.nn.functional.linear(x, w, layer.bias.detach()).tanh().sum().backward()
+    r, tan = hs.decompose(w.detach(), w.grad)
+    torch.testing.assert_close(r, g_scale, atol=1e-5, rtol=1e-5)
+    # the direction gradient of weight_norm is (|w| / |v|) times the tangential part
+    v = layer.parametrizations.weight.original1
+    ratio = (torch.linalg.vector_norm(w.detach(), dim=1)
+             / torch.linalg.vector_norm(v.detach(), dim=1)).unsqueeze(1)
+    torch.testing.assert_close(v.grad, ratio * tan, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close((tan * hs.unit_rows(w.detach())).sum(1), torch.zeros(4),
+                               atol=1e-6, rtol=0)
+
+
+def test_scaled_modes_start_as_the_same_function_and_nops_matches_separate_nets():
+    obs = torch.randn(2, 4, 10, 2, generator=torch.Generator().manual_seed(3))
+    ref = hs.AgentPolicy("fups", 4, n_seeds=2, hidden=16, seed=5)(obs)
+    for method in ("hps", "scale_only", "sphere_only"):
+        torch.testing.assert_close(hs.AgentPolicy(method, 4, n_seeds=2, hidden=16, seed=5)(obs),
+                                   ref, atol=1e-5, rtol=1e-5)
+    nops = hs.AgentPolicy("nops", 4, n_seeds=2, hidden=16, seed=5)
+    out = nops(obs)
+    for s in range(2):
+        for k in range(4):
+            h = obs[s, k]
+            for i, layer in enumerate(nops.layers):
+                h = h @ layer.weight[s, k].T + layer.bias[s, k]
+                h = torch.tanh(h) if i < len(nops.layers) - 1 else h
+            torch.testing.assert_close(out[s, k], h, atol=1e-5, rtol=1e-5)
+
+
+def test_parameter_counts_by_formula():
+    n, hidden = 4, 32
+    layers = [(2, hidden), (hidden, hidden), (hidden, 2)]
+    base = sum(i * o + o for i, o in layers)
+    outs = sum(o for _, o in layers)
+    assert hs.AgentPolicy("fups", n, hidden=hidden).parameter_count() == base
+    assert hs.AgentPolicy("nops", n, hidden=hidden).parameter_count() == n * base
+    assert hs.AgentPolicy("fups_id", n, hidden=hidden).parameter_count() == base + n * hidden
+    assert hs.AgentPolicy("hps", n, hidden=hidden).parameter_count() == base + n * outs
+    assert hs.AgentPolicy("sphere_only", n, hidden=hidden).parameter_count() == base + outs
+
+
+def test_seeds_in_one_batch_train_independently():
+    """Seed 1 of a two-seed run equals seed 1 alone: the batched loop couples nothing."""
+    gains = (0.5, 2.0)
+    both = hs.AgentPolicy("hps", 2, n_seeds=2, hidden=8, seed=0)
+    alone = hs.AgentPolicy("hps", 2, n_seeds=1, hidden=8, seed=0)
+    with torch.no_grad():
+        for a, b in zip(alone.parameters(), both.parameters(), strict=True):
+            a.copy_(b[1:2])
+    env = hs.GainReach(gains)
+    g_both = hs.per_agent_gradients(both, env, 64, torch.Generator().manual_seed(0))
+    env1 = hs.GainReach(gains)
+    gen = torch.Generator().manual_seed(0)
+    # replay the same random numbers for seed 1 only: draw the two-seed tensors and slice them
+    obs = env1.reset(2, 64, gen)
+    logps, rewards = [], []
+    for _ in range(env1.horizon):
+        mean = alone(obs[1:2])
+        noise = torch.randn((2, *mean.shape[1:]), generator=gen)[1:2]
+        action = (mean + 0.1 * noise).detach()
+        logps.append(-((action - mean) ** 2).sum(-1) / (2 * 0.1**2))
+        full = torch.cat([torch.zeros_like(action), action])
+        obs, reward, _ = env1.step(full)
+        rewards.append(reward[1:2])
+    losses = hs.agent_losses(torch.stack(logps), torch.stack(rewards))
+    for k in range(2):
+        grads = torch.autograd.grad(losses[k], [layer.weight for layer in alone.layers],
+                                    retain_graph=True)
+        for i, g in enumerate(grads):
+            torch.testing.assert_close(g[0, 0], g_both[i][k, 1], atol=1e-5, rtol=1e-4)
+
+
+def test_oracle_scores_one_and_zero_policy_scores_zero():
+    env = hs.GainReach(hs.CONFLICT_GAINS)
+    gen = torch.Generator().manual_seed(4)
+    env.reset(3, 50, gen)
+    zero = -env.horizon * env.distances().mean(dim=(1, 2))
+    total = torch.zeros(3)
+    for _ in range(env.horizon):
+        _, reward, _ = env.step(env.oracle_actions())
+        total += reward.mean(-1)
+    assert float(total.abs().max()) < 1e-5
+    assert float(zero.max()) < 0
+
+    class Zero(hs.AgentPolicy):
+        def forward(self, obs, weights=None):
+            return torch.zeros_like(obs)
+
+    value = hs.normalised_return(Zero("fups", 4, n_seeds=3), env, 50, gen)
+    torch.testing.assert_close(value, torch.zeros(3))
+
+
+def test_pettingzoo_parallel_api():
+    from pettingzoo.test import parallel_api_test
+
+    env = hs.GainReachParallelEnv()
+    parallel_api_test(env, num_cycles=20)
+    obs, _ = env.reset(seed=7)
+    for _ in range(env._core.horizon):
+        gains = env._core.gains.numpy()
+        actions = {a: obs[a] / gains[k] for k, a in enumerate(env.possible_agents)}
+        obs, rewards, term, trunc, _ = env.step(actions)
+    assert all(trunc.values()) and not any(term.values())
+    assert abs(rewards["agent_0"]) < 1e-5 and len(set(rewards.values())) == 1
+
+
+def test_agreement_statistics_against_loops():
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(2, 3, 4, generator=gen)
+    grads = torch.randn(3, 2, 3, 4, generator=gen)
+    stats = hs.agreement(w, grads)
+    for s in range(2):
+        tan_vals, rad_vals = [], []
+        for j in range(3):
+            u = w[s, j] / w[s, j].norm()
+            parts = [(float(u @ grads[k, s, j]), grads[k, s, j] - (u @ grads[k, s, j]) * u)
+                     for k in range(3)]
+            for a in range(3):
+                for b in range(a + 1, 3):
+                    tan_vals.append(float(torch.nn.functional.cosine_similarity(
+                        parts[a][1], parts[b][1], dim=0)))
+                    rad_vals.append(math.copysign(1, parts[a][0] * parts[b][0]))
+        assert abs(stats.tan[s] - np.mean(tan_vals)) < 1e-5
+        assert abs(stats.rad[s] - np.mean(rad_vals)) < 1e-5
+    # identical gradients agree perfectly
+    same = hs.agreement(w, grads[:1].expand(3, -1, -1, -1))
+    np.testing.assert_allclose(same.tan, 1, atol=1e-5)
+    np.testing.assert_allclose(same.c_rad, 1, atol=1e-5)
+
+
+def test_hps_learns_scales_ordered_by_inverse_gain():
+    result = hs.train("hps", hs.CONFLICT_GAINS, n_seeds=2, updates=60, batch=128, hidden=16,
+                      eval_every=60, eval_batch=64)
+    corr = hs.scale_gain_correlation(result.policy, hs.CONFLICT_GAINS)
+    assert corr.min() > 0.5
+    assert result.final.min() > 0.3
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="at least 1"):
+        hs.AgentPolicy("hps", 0)
+    with pytest.raises(ValueError, match="at least one agent"):
+        hs.GainReach([])
+    with pytest.raises(ValueError, match="finite"):
+        hs.GainReach([1.0, float("nan")])
+    with pytest.raises(ValueError, match="finite"):
+        hs.GainReach([1.0, float("inf")])
+    with pytest.raises(ValueError, match="positive"):
+        hs.GainReach([1.0, -2.0])
+    with pytest.raises(ValueError, match="unknown method"):
+        hs.AgentPolicy("mask", 2)
+    policy = hs.AgentPolicy("hps", 2, n_seeds=1, hidden=4)
+    with pytest.raises(ValueError, match="observation width"):
+        policy(torch.zeros(1, 2, 5, 3))
+    with pytest.raises(ValueError, match="shape"):
+        policy(torch.zeros(1, 3, 5, 2))
+    with pytest.raises(TypeError):
+        hs.AgentPolicy("hps", 2.5)
+    with pytest.raises(ValueError, match="no shared weights"):
+        hs.per_agent_gradients(hs.AgentPolicy("nops", 2), hs.GainReach([1.0, 2.0]), 4,
+                               torch.Generator())
+    with pytest.raises(ValueError, match="variant"):
+        hs.variant_gains("other")
+    with pytest.raises(ValueError, match="eval_every"):
+        hs.train("hps", (1.0, 2.0), eval_every=0)
+    with pytest.raises(ValueError, match="sigma"):
+        hs.train("hps", (1.0, 2.0), sigma=0.0)
+    with pytest.raises(ValueError, match="updates"):
+        hs.train("hps", (1.0, 2.0), updates=-1)
+
+
+def test_precomputed_weights_give_the_same_actions():
+    obs = torch.randn(2, 3, 5, 2, generator=torch.Generator().manual_seed(6))
+    for method in hs.METHODS:
+        policy = hs.AgentPolicy(method, 3, n_seeds=2, hidden=8, seed=1)
+        torch.testing.assert_close(policy(obs, policy.effective_weights()), policy(obs),
+                                   atol=0, rtol=0)
+        with pytest.raises(ValueError, match="weight tensors"):
+            policy(obs, policy.effective_weights()[:1])
