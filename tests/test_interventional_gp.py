@@ -33,6 +33,7 @@ from icml26.interventional_gp.posterior import (
     bayesimp_code_moments,
     bayesimp_moments,
     outcome_posterior,
+    treatment_weights,
 )
 from icml26.interventional_gp.spectral import nystrom_basis, spectral_draws
 from icml26.interventional_gp.training import (
@@ -139,6 +140,28 @@ def test_exact_bayesimp_matches_finite_spectral_basis(chain_fit):
     code = bayesimp_code_moments(data, fit.outcome, fit.treatment, chain.intervention(), measure)
     assert torch.equal(code.mean, moments.mean) and torch.equal(code.terms.v3, moments.terms.v3)
     assert not torch.allclose(code.variance, moments.variance, rtol=1e-3)
+
+
+def test_bayesimp_weights_variant_changes_only_the_norm_term(chain_fit):
+    chain, data, fit = chain_fit
+    measure, intervention = data_measure(data.V1, 1.0), chain.intervention()
+    kernel_w = bayesimp_code_moments(data, fit.outcome, fit.treatment, intervention, measure)
+    nuclear_w = bayesimp_code_moments(data, fit.outcome, fit.treatment, intervention, measure,
+                                      weights="nuclear")
+    assert torch.equal(kernel_w.terms.v2, nuclear_w.terms.v2)
+    assert torch.equal(kernel_w.terms.v3, nuclear_w.terms.v3)
+    # the norm term by brute force: alpha_r' R (K^-1 R)^2 alpha_r times kappa, with dense solves
+    R = integral_operator_gram(fit.outcome.kernel, measure, data.V1)
+    K = fit.outcome.kernel.gram(data.V1)
+    eye = torch.eye(len(K), dtype=K.dtype)
+    alpha_r = torch.linalg.solve(R + fit.outcome.noise * eye, data.Y)
+    K_inv_R = torch.linalg.solve(K + 1e-4 * eye, R)
+    _, kappa = treatment_weights(data, fit.treatment, intervention)
+    expected = kappa * (alpha_r @ R @ K_inv_R @ K_inv_R @ alpha_r)
+    assert torch.allclose(nuclear_w.terms.v1, expected, rtol=1e-6, atol=1e-10)
+    with pytest.raises(ValueError, match="weights"):
+        bayesimp_code_moments(data, fit.outcome, fit.treatment, intervention, measure,
+                              weights="ridge")
 
 
 def _sklearn_two_stage(data, outcome, treatment, grid):

@@ -34,9 +34,13 @@ from .posterior import (
 from .simulators import mediator_chain
 from .training import fit_bayesimp_outcome, fit_outcome_stage, fit_treatment_stage
 
-METHODS = ("impspec_cal", "impspec", "bayesimp", "bayesimp_exact", "sampling_gp")
+METHODS = ("impspec_cal", "impspec", "bayesimp", "bayesimp_alpha_r", "bayesimp_exact",
+           "sampling_gp")
+BAYESIMP_METHODS = {"bayesimp", "bayesimp_alpha_r", "bayesimp_exact"}
 LABELS = {"impspec_cal": "IMPspec + calibration", "impspec": "IMPspec ($\\nu_s = 1$)",
-          "bayesimp": "BayesIMP (authors' formula)", "bayesimp_exact": "BayesIMP (all exact)",
+          "bayesimp": "BayesIMP (authors' formula)",
+          "bayesimp_alpha_r": "BayesIMP (authors' S, weights under r)",
+          "bayesimp_exact": "BayesIMP (all exact)",
           "sampling_gp": "sampling GP"}
 
 
@@ -80,14 +84,18 @@ def fit_impspec(data: FusedData, intervention: Intervention, max_iter: int) -> F
 def fit_bayesimp(data: FusedData, intervention: Intervention, max_iter: int):
     """BayesIMP ($\\nu_s = 1$): marginal likelihood under $r$, Eq. (18) with its own $k_V$.
 
-    Returns the two stages and the moments of both variance formulas (authors', exact).
+    Returns the two stages and the moments of three variance formulas: the authors' (weights
+    under $k$, approximate $S$), the authors' $S$ with the weights under $r$, and all exact.
     """
     outcome = fit_bayesimp_outcome(data.V1, data.Y, max_iter)
     K00 = outcome.kernel.gram(data.V0)
     treatment = fit_treatment_stage(data.A, K00, outcome.kernel.outputscale, max_iter)
     measure = data_measure(data.V1, 1.0)
-    moments = {"bayesimp": bayesimp_code_moments(data, outcome, treatment, intervention, measure),
-               "bayesimp_exact": bayesimp_moments(data, outcome, treatment, intervention, measure)}
+    moments = {
+        "bayesimp": bayesimp_code_moments(data, outcome, treatment, intervention, measure),
+        "bayesimp_alpha_r": bayesimp_code_moments(data, outcome, treatment, intervention,
+                                                  measure, weights="nuclear"),
+        "bayesimp_exact": bayesimp_moments(data, outcome, treatment, intervention, measure)}
     return (outcome, treatment), moments
 
 
@@ -107,11 +115,11 @@ def fit_methods(data: FusedData, intervention: Intervention, max_iter: int = 100
                                                       intervention, scales, n_boot, seed=seed)
         fit.seconds["calibration"] = timer.seconds
         fit.estimates["impspec_cal"] = _estimate(post.mean, post.variance(fit.calibration.scale))
-    if {"bayesimp", "bayesimp_exact"} & set(methods):
+    if BAYESIMP_METHODS & set(methods):
         with Timer() as timer:
             fit.bayesimp, moments = fit_bayesimp(data, intervention, max_iter)
         fit.seconds["BayesIMP"] = timer.seconds
-        for name in {"bayesimp", "bayesimp_exact"} & set(methods):
+        for name in BAYESIMP_METHODS & set(methods):
             fit.estimates[name] = _estimate(moments[name].mean, moments[name].variance)
     if "sampling_gp" in methods:
         with Timer() as timer:

@@ -241,17 +241,25 @@ def bayesimp_moments(data: FusedData, outcome: GPStage, treatment: GPStage,
     return Moments(mean, VarianceTerms(v1, v2, v3))
 
 
+BAYESIMP_WEIGHTS = ("kernel", "nuclear")
+
+
 def bayesimp_code_moments(data: FusedData, outcome: GPStage, treatment: GPStage,
                           intervention: Intervention, measure: GaussianMeasure,
-                          ridge: float = 1e-4) -> Moments:
+                          ridge: float = 1e-4, weights: str = "kernel") -> Moments:
     r"""BayesIMP with the variance formula of the authors' baseline code (exact $R$ inside).
 
     The mean and $V_3$ are those of :func:`bayesimp_moments`. The two $\kappa$ terms replace
-    the integrals by projections on $\operatorname{span}\{k(\cdot, v^1_i)\}$ (Eq. (16)):
-    $S \approx R K^{-1} R K^{-1} R$, $\int r(u, u)\,\nu(du) \approx \operatorname{tr}
-    [(K^{-1}R)^2]$ with $K = K_{11} + \text{ridge}\,I$, and the norm term uses
-    $\alpha = (K_{11} + \sigma^2 I)^{-1} y$ instead of $\alpha_r$, as that code does.
+    the integrals by projections on $\operatorname{span}\{k(\cdot, v^1_i)\}$
+    (Eq. ``eq-bayesimp-code``): $S \approx R K^{-1} R K^{-1} R$, $\int r(u, u)\,\nu(du)
+    \approx \operatorname{tr}[(K^{-1}R)^2]$ with $K = K_{11} + \text{ridge}\,I$. The norm
+    term's weights are $\alpha = (K_{11} + \sigma^2 I)^{-1} y$ with ``weights="kernel"`` (the
+    baseline code as stored at commit ff40a32) or $\alpha_r = (R + \sigma^2 I)^{-1} y$ with
+    ``weights="nuclear"`` (the posterior weights under $r$), which isolates the effect of $S$'s
+    approximation.
     """
+    if weights not in BAYESIMP_WEIGHTS:
+        raise ValueError(f"weights must be one of {BAYESIMP_WEIGHTS}, got {weights!r}")
     exact = bayesimp_moments(data, outcome, treatment, intervention, measure)
     k = outcome.kernel
     R = integral_operator_gram(k, measure, data.V1)
@@ -259,10 +267,12 @@ def bayesimp_code_moments(data: FusedData, outcome: GPStage, treatment: GPStage,
     eye = torch.eye(len(K), dtype=DTYPE)
     chol_ridge = stable_cholesky(K + ridge * eye)
     K_inv_R = torch.cholesky_solve(R, chol_ridge)
-    alpha_k = torch.cholesky_solve(data.Y[:, None], stable_cholesky(K + outcome.noise * eye))
+    weight_gram = K if weights == "kernel" else R
+    alpha = torch.cholesky_solve(data.Y[:, None],
+                                 stable_cholesky(weight_gram + outcome.noise * eye))
     R_bar = R - R @ torch.cholesky_solve(R, stable_cholesky(R + outcome.noise * eye))
     _, kappa = treatment_weights(data, treatment, intervention)
-    norm_term = (alpha_k.T @ R @ K_inv_R @ K_inv_R @ alpha_k).squeeze()
+    norm_term = (alpha.T @ R @ K_inv_R @ K_inv_R @ alpha).squeeze()
     trace_term = torch.trace(K_inv_R @ torch.cholesky_solve(R_bar, chol_ridge))
     return Moments(exact.mean, VarianceTerms(kappa * norm_term, kappa * trace_term,
                                              exact.terms.v3))
