@@ -1,0 +1,218 @@
+"""Tests of icml26.introspection: vectors, injection hooks, DLA, monotonicity, bad input."""
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from icml26 import introspection as intro
+from icml26 import nn as tnn
+
+
+@pytest.fixture(scope="module")
+def setup():
+    lang = intro.ConceptLanguage(n_train=4, n_heldout=3, n_baseline=3)
+    model = intro.make_model(lang, n_layers=3, d_model=32, d_mlp=64, seed=1).eval()
+    return lang, model
+
+
+def test_vocabulary_is_disjoint(setup):
+    lang, _ = setup
+    ids = ([lang.word(w) for w in intro.FUNCTION_WORDS]
+           + [lang.concept_token(c) for c in range(lang.n_concepts)])
+    assert len(set(ids)) == len(ids)
+    assert max(lang.description(lang.n_concepts - 1)) < lang.vocab_size
+    q = lang.questions(5, np.random.default_rng(0))
+    assert q.shape == (5, intro.PROMPT_LENGTH) and int(q.max()) < lang.vocab_size
+
+
+def test_concept_vector_is_a_mean_difference(setup):
+    lang, model = setup
+    tokens = lang.description_prompt(list(range(lang.n_concepts)))
+    states = tnn.hidden_states(model, tokens)  # (L + 1, batch, time, d)
+    h = states[2, :, -1]  # output of block 1
+    base = h[lang.baseline_concepts].mean(0)
+    for c in (0, 5):
+        assert torch.allclose(intro.concept_vector(model, lang, c, 1), h[c] - base, atol=1e-5)
+    # the baseline mean of the baseline concepts' own vectors is zero by construction
+    vecs = intro.concept_vectors(model, lang, lang.baseline_concepts, 1)
+    assert torch.allclose(vecs.mean(0), torch.zeros(32), atol=1e-5)
+
+
+def test_injection_adds_exactly_from_start(setup):
+    lang, model = setup
+    prompts = lang.questions(3, np.random.default_rng(1))
+    v = torch.randn(32)
+    name = intro.resid_name(0)
+    _, clean = tnn.run_with_cache(model, prompts, [name])
+    with intro.inject(model, 0, v, 2.5, start=4):
+        _, steered = tnn.run_with_cache(model, prompts, [name])
+    diff = steered[name] - clean[name]
+    assert torch.allclose(diff[:, :4], torch.zeros_like(diff[:, :4]))
+    assert torch.allclose(diff[:, 4:], (2.5 * v).expand_as(diff[:, 4:]), atol=1e-5)
+
+
+def test_hooks_are_removed_even_on_error(setup):
+    lang, model = setup
+    prompts = lang.questions(2, np.random.default_rng(2))
+    before = model(prompts)
+    with pytest.raises(RuntimeError), intro.inject(model, 1, torch.ones(32), 3.0):
+        raise RuntimeError("cell failed")
+    with pytest.raises(RuntimeError), intro.set_neurons(model, 1, [0, 1], 0.0):
+        raise RuntimeError("cell failed")
+    assert all(not m._forward_hooks for m in model.modules())
+    assert torch.allclose(model(prompts), before)
+
+
+def test_zero_strength_changes_nothing(setup):
+    lang, model = setup
+    prompts = lang.questions(4, np.random.default_rng(3))
+    m0, yes0, id0 = intro.detect(model, lang, prompts)
+    with intro.inject(model, 1, torch.randn(32), 0.0):
+        m1, yes1, id1 = intro.detect(model, lang, prompts)
+    assert torch.allclose(m0, m1) and torch.equal(yes0, yes1) and torch.equal(id0, id1)
+
+
+def test_bad_input(setup):
+    lang, model = setup
+    with pytest.raises(ValueError, match="outside the model"):
+        intro.check_layer(model, 3)
+    with pytest.raises(ValueError, match="outside the model"):
+        intro.concept_vector(model, lang, 0, -1)
+    with pytest.raises(TypeError):
+        intro.check_layer(model, 1.5)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="finite"), \
+                intro.inject(model, 0, torch.zeros(32), bad):
+            pass
+    with pytest.raises(ValueError, match="vocabulary"):
+        lang.concept_token(lang.n_concepts)
+    with pytest.raises(TypeError):
+        lang.concept_token("c1")
+    with pytest.raises(ValueError):
+        intro.mean_ablate(torch.zeros(32), torch.zeros(32))
+    with pytest.raises(ValueError):
+        intro.mlp_bias(model, torch.zeros(2, 32)).__enter__()
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def test_dla_matches_frozen_layernorm_difference(setup):
+    lang, model = setup
+    resid = torch.randn(32)
+    acts = torch.rand(64)
+    dla = intro.neuron_dla(model, lang, 1, resid, acts)
+    ln = model.ln_f
+    sigma = torch.sqrt(resid.var(unbiased=False) + ln.eps)
+
+    def margin(x):
+        out = model.lm_head(ln.weight * (x - x.mean()) / sigma + ln.bias)
+        return out[lang.word("Yes")] - out[lang.word("No")]
+
+    w = model.blocks[1].mlp.fc_out.weight
+    with torch.no_grad():
+        direct = torch.stack([margin(resid) - margin(resid - acts[j] * w[:, j]) for j in range(64)])
+    assert torch.allclose(direct, dla, atol=1e-5)
+
+
+def test_monotonicity_matches_scipy():
+    rng = np.random.default_rng(4)
+    alphas = [0.0, 0.5, 1.0, 2.0, 4.0]
+    acts = rng.normal(size=(5, 7))
+    acts[:, 0] = np.arange(5) ** 2  # perfectly monotone
+    acts[:, 1] = 1.0  # constant: defined as 0
+    r = intro.monotonicity(alphas, acts)
+    assert r[0] == pytest.approx(1.0) and r[1] == 0.0
+    for j in range(2, 7):
+        assert r[j] == pytest.approx(stats.spearmanr(alphas, acts[:, j])[0])
+
+
+def test_mean_ablate_properties():
+    torch.manual_seed(0)
+    d, mu = torch.randn(16), torch.randn(16)
+    edit = intro.mean_ablate(d, mu)
+    x = torch.randn(10, 16)
+    y = edit(x)
+    unit = d / d.norm()
+    assert torch.allclose(y @ unit, (mu @ unit).expand(10), atol=1e-5)
+    orth = x - (x @ unit)[:, None] * unit
+    assert torch.allclose(y - (y @ unit)[:, None] * unit, orth, atol=1e-5)
+    assert torch.allclose(edit(y), y, atol=1e-5)
+
+
+def test_norm_matched_random_and_rates():
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(6, 8) * torch.arange(1, 7)[:, None]
+    r = intro.norm_matched_random(v, g)
+    assert torch.allclose(r.norm(dim=1), v.norm(dim=1), atol=1e-5)
+    assert intro.rates(torch.tensor([True, False, True])) == (2, 3)
+    assert intro.jaccard({1, 2}, {2, 3}) == pytest.approx(1 / 3)
+    assert intro.jaccard(set(), set()) == 1
+
+
+def test_bias_training_freezes_weights(setup):
+    lang, model = setup
+    layers = [0]
+    vecs = intro.vector_table(model, lang, lang.train_concepts + lang.heldout_concepts, layers)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    biases = intro.train_bias(model, lang, vecs, layer=0, alpha=1.0, steps=3, batch=8)
+    assert biases.shape == (3, 32) and biases.abs().sum() > 0
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
+    assert all(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_adamw_matches_torch(weight_decay):
+    torch.manual_seed(5)
+    ours = torch.nn.Linear(6, 3)
+    ref = torch.nn.Linear(6, 3)
+    ref.load_state_dict(ours.state_dict())
+    opt = intro.AdamW(list(ours.parameters()), lr=0.05, weight_decay=weight_decay)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=0.05, weight_decay=weight_decay,
+                                foreach=False)
+    for step in range(20):
+        x = torch.randn(8, 6)
+        lr = 0.05 * (0.5 if step % 3 else 1.0)  # a schedule: changing learning rates
+        for group in opt_ref.param_groups:
+            group["lr"] = lr
+        for model, optim in ((ours, opt), (ref, opt_ref)):
+            optim.zero_grad()
+            (model(x) ** 2).mean().backward()
+        opt.step(lr)
+        opt_ref.step()
+    for a, b in zip(ours.parameters(), ref.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    with pytest.raises(ValueError):
+        intro.AdamW([], lr=0.1)
+    with pytest.raises(ValueError):
+        intro.AdamW(list(ours.parameters()), lr=float("nan"))
+
+
+def test_pretrain_matches_library_trainer():
+    lang = intro.ConceptLanguage(n_train=2, n_heldout=2, n_baseline=2)
+    ours = intro.make_model(lang, n_layers=2, d_model=32, d_mlp=64, seed=3)
+    ref = intro.make_model(lang, n_layers=2, d_model=32, d_mlp=64, seed=3)
+    losses = intro.pretrain(ours, lang, steps=12, seed=4, rows=16)
+    corpus = lang.corpus(16, 48, np.random.default_rng(4))
+    ref_losses = tnn.train(ref, corpus, steps=12, batch_size=32, lr=3e-3, seed=4).losses
+    assert np.allclose(losses, ref_losses, atol=1e-5)
+    for a, b in zip(ours.parameters(), ref.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert losses[-1] < losses[0]
+
+
+def test_set_neurons_checks_indices_and_edits_only_them(setup):
+    lang, model = setup
+    prompts = lang.questions(3, np.random.default_rng(6))
+    name = "blocks.1.mlp.hook_post"
+    with pytest.raises(ValueError, match="neurons"):
+        intro.set_neurons(model, 1, [64], 0.0).__enter__()
+    with pytest.raises(ValueError, match="steps"):
+        intro.train_bias(model, lang, {0: {}}, layer=0, alpha=1.0, steps=0)
+    _, clean = tnn.run_with_cache(model, prompts, [name])
+    with intro.set_neurons(model, 1, [2, 5], 0.25):
+        _, edited = tnn.run_with_cache(model, prompts, [name])
+    keep = [j for j in range(64) if j not in (2, 5)]
+    assert torch.allclose(edited[name][..., [2, 5]], torch.full((3, intro.PROMPT_LENGTH, 2), 0.25))
+    assert torch.allclose(edited[name][..., keep], clean[name][..., keep])
+    assert all(not m._forward_hooks for m in model.modules())
