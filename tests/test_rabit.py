@@ -228,7 +228,7 @@ def test_quantised_model_starts_from_the_initial_function(tiny_teacher):
     with torch.no_grad():
         for name, layer in tnn.linear_layers(reference).items():
             layer.weight.copy_(paths[name].weight())
-    for method in rb.METHODS:
+    for method in ("independent", "freeze", "rabit"):
         student = rb.build_quantized(teacher, method, paths)
         with torch.no_grad():
             torch.testing.assert_close(student(tokens[:, :8]), reference(tokens[:, :8]))
@@ -289,3 +289,75 @@ def test_bad_input_is_refused(layer_data):
         rb.rtn_quantize(W, 0)
     with pytest.raises(ValueError, match="method"):
         rb.build_quantized(torch.nn.Linear(2, 2), "rtn", {})
+
+
+@pytest.mark.parametrize("ste", rb.STES)
+def test_path_ste_forward_and_gradients(ste):
+    r = torch.tensor([-1.5, -0.3, -0.05, 0.02, 0.4, 2.0], dtype=torch.float64,
+                     requires_grad=True)
+    G = torch.full_like(r, 0.1).requires_grad_(True)
+    delta = torch.arange(1.0, 7.0, dtype=torch.float64)
+    path = rb.path_ste(r, G, ste)
+    torch.testing.assert_close(path.detach(), 0.1 * torch.where(r >= 0, 1.0, -1.0).double())
+    (path * delta).sum().backward()
+    inside = {"identity": torch.ones_like(r), "clipped": (r.abs() <= 1).double(),
+              "scale": (r.abs() <= 0.1).double()}[ste]
+    factor = 1.0 if ste == "scale" else 0.1
+    torch.testing.assert_close(r.grad, factor * inside.detach() * delta)
+    torch.testing.assert_close(G.grad, torch.where(r >= 0, 1.0, -1.0).double() * delta)
+
+
+def test_scale_relative_ste_is_equivariant_and_identity_is_not(layer_data):
+    W, X = layer_data
+    paths = rb.function_aware_init(W, X, 2)
+    grads = {}
+    for ste in ("identity", "scale"):
+        for c in (1.0, 10.0):
+            scaled = rb.BinaryPaths(paths.signs, c * paths.out_scales, paths.in_scales)
+            layer = rb.ResidualBinaryLinear(c * W, scaled, mode="rabit", ste=ste)
+            delta = torch.randn(W.shape, generator=gen(4), dtype=torch.float64)
+            (layer.weight() * delta).sum().backward()
+            grads[ste, c] = layer.latents[0].grad
+    torch.testing.assert_close(grads["scale", 1.0], grads["scale", 10.0])
+    assert not torch.allclose(grads["identity", 10.0], 10 * grads["identity", 1.0])
+    G1, G2 = paths.out_scales[:, :, None] * paths.in_scales[:, None, :]
+    latent = rb.consistent_latent(W, paths)
+    inner = (latent.abs() <= G1).double()
+    residual = latent - G1 * rb.binary_sign(latent)
+    outer = (residual.abs() <= G2).double()
+    delta = torch.randn(W.shape, generator=gen(4), dtype=torch.float64)
+    torch.testing.assert_close(grads["scale", 1.0], (inner + outer * (1 - inner)) * delta)
+
+
+def test_ordering_violations_counts_entries():
+    signs = torch.ones(2, 2, 3)
+    paths = rb.BinaryPaths(signs, torch.tensor([[1.0, 1.0], [0.5, 2.0]]), torch.ones(2, 3))
+    assert rb.ordering_violations(paths) == pytest.approx(0.5)
+    negative = rb.BinaryPaths(signs, torch.tensor([[1.0, 1.0], [-0.5, 0.5]]), torch.ones(2, 3))
+    assert rb.ordering_violations(negative) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        rb.ordering_violations(rb.BinaryPaths(torch.ones(1, 2, 3), torch.ones(1, 2),
+                                              torch.ones(1, 3)))
+
+
+def test_uniform_qat_layer_has_four_levels_and_trains(layer_data):
+    W, X = layer_data
+    layer = rb.UniformQATLinear(W, bits=2)
+    weight = layer.weight()
+    for row, step in zip(weight.detach(), layer.step.detach(), strict=True):
+        levels = torch.unique(torch.round(row / step))
+        assert set(levels.tolist()) <= {-2.0, -1.0, 0.0, 1.0}
+    ((layer(X[:20])) ** 2).sum().backward()
+    assert layer.latent.grad.abs().sum() > 0 and layer.step.grad.abs().sum() > 0
+    assert rb.uniform_bits_per_weight([(4, 8)], bits=2) == pytest.approx(2 + 16 / 8)
+    assert rb.uniform_bits_per_weight([(4, 8), (2, 4)], bits=2, zero_point_bits=2) == \
+        pytest.approx((4 * 8 * 2 + 4 * 18 + 2 * 4 * 2 + 2 * 18) / 40)
+
+
+def test_lsq_method_trains_deterministically(tiny_teacher):
+    teacher, tokens = tiny_teacher
+    paths = rb.initial_paths(teacher, tokens[:8, :8], init="weight")
+    runs = [rb.run_qat(teacher, "lsq", paths, tokens, tokens, steps=3, lr=1e-3, seed=1,
+                       batch_size=4, probe_tokens=tokens[:4, :8], probe_every=1)
+            for _ in range(2)]
+    assert runs[0].losses == runs[1].losses and runs[0].correlations == []

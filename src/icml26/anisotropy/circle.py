@@ -4,7 +4,7 @@ For 64 discrete symbols "tangent" has no meaning. Here symbol $v$ sits at angle
 $\theta_v = 2\pi v / V$ and the text is a random walk on the circle: a Metropolis chain that
 proposes a step of $\pm 1, \dots, \pm s_{\max}$ symbols and accepts it with probability
 $\min(1, \pi_w / \pi_v)$, so its stationary distribution is the von Mises weight
-$\pi_v \propto \exp(\kappa \cos\theta_v)$ (``concentration`` $\kappa$ sets the frequency bias).
+$\pi_v \propto \exp(\beta \cos\theta_v)$ (``concentration`` $\beta$ sets the frequency bias).
 The model's token embedding is frozen to the circle $e_v = r(\cos\theta_v\, u_1 + \sin\theta_v\,
 u_2)$ in a random plane $(u_1, u_2)$, so at the embedding layer the tangent direction
 $t_v = -\sin\theta_v\, u_1 + \cos\theta_v\, u_2$ and the in-plane normal

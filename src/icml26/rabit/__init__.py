@@ -7,15 +7,19 @@ model; :mod:`~icml26.rabit.experiment` quantises and trains a whole :class:`icml
 
 from icml26.rabit.binarize import (
     MODES,
+    STES,
     BinaryPaths,
     ResidualBinaryLinear,
+    UniformQATLinear,
     binary_sign,
     check_activations,
     check_paths,
     check_weight,
     consistent_latent,
     function_aware_init,
+    ordering_violations,
     output_error,
+    path_ste,
     refit_out_scales,
     residual_svid,
     rtn_quantize,
@@ -37,6 +41,7 @@ from icml26.rabit.experiment import (
     rtn_model,
     run_qat,
     sweep_learning_rate,
+    uniform_bits_per_weight,
 )
 from icml26.rabit.packed import (
     DecodeTraffic,
@@ -57,5 +62,6 @@ __all__ = [
     "median_time", "model_bits_per_weight", "optimizer_state_elements", "output_error",
     "pack_signs", "packed_sign_matvec", "path_output_correlation", "pearson", "quantized_layers",
     "refit_out_scales", "residual_svid", "rtn_model", "rtn_quantize", "run_qat", "sign_ste",
-    "subset_sum_table", "svid", "sweep_learning_rate",
+    "subset_sum_table", "svid", "sweep_learning_rate", "STES", "UniformQATLinear",
+    "ordering_violations", "path_ste", "uniform_bits_per_weight",
 ]

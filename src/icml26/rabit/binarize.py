@@ -11,7 +11,11 @@ $$
 :class:`ResidualBinaryLinear` trains such a layer in one of two modes: ``"independent"`` (one latent
 matrix per path, $B_p = \operatorname{sign}(W_p)$) or ``"rabit"`` (one shared latent $W$, and
 $B_p = \operatorname{sign}(R_{p-1})$ with $R_0 = W$, $R_p = R_{p-1} - \hat W_p$). Both use the
-same identity straight-through estimator, :func:`sign_ste`.
+same straight-through estimator, chosen by ``ste`` (Eq. `eq-rabit-ste`): ``"identity"``
+(:func:`sign_ste`, $\partial\operatorname{sign}(r)/\partial r := 1$), ``"clipped"`` (the same,
+zeroed where $|r| > 1$) or ``"scale"`` (the path $G_p \operatorname{sign}(r)$ is treated as
+$\operatorname{clip}(r, -G_p, G_p)$, so its derivative is $1$ for $|r| \le G_p$ and $0$ beyond,
+which is dimensionless and equivariant to rescaling the weights).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 MODES = ("independent", "rabit")
+STES = ("identity", "clipped", "scale")
 
 
 def check_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -62,6 +67,23 @@ def check_activations(activations: torch.Tensor, in_features: int) -> torch.Tens
 def binary_sign(x: torch.Tensor) -> torch.Tensor:
     """$\\pm 1$ with $\\operatorname{sign}(0) = +1$, so every entry is a valid bit."""
     return torch.where(x >= 0, 1.0, -1.0).to(x.dtype)
+
+
+def path_ste(residual: torch.Tensor, scale: torch.Tensor, ste: str = "identity") -> torch.Tensor:
+    r"""The path $G_p \odot \operatorname{sign}(r)$ in the forward pass, with the backward pass of
+    straight-through estimator ``ste`` (module docstring). ``scale`` is $G_p$, broadcast to ``r``;
+    its own gradient is always $\operatorname{sign}(r) \odot \Delta$."""
+    if ste not in STES:
+        raise ValueError(f"ste must be one of {STES}, got {ste!r}")
+    if ste == "identity":
+        return scale * sign_ste(residual)
+    sign = binary_sign(residual).detach()
+    if ste == "clipped":
+        clipped = residual.clamp(-1.0, 1.0)
+        return scale * (sign + clipped - clipped.detach())
+    bound = scale.detach()
+    clipped = torch.maximum(torch.minimum(residual, bound), -bound)
+    return scale * sign + clipped - clipped.detach()
 
 
 def sign_ste(x: torch.Tensor) -> torch.Tensor:
@@ -222,8 +244,11 @@ class ResidualBinaryLinear(nn.Module):
     """
 
     def __init__(self, weight: torch.Tensor, paths: BinaryPaths, bias: torch.Tensor | None = None,
-                 mode: str = "rabit", frozen: int = 0) -> None:
+                 mode: str = "rabit", frozen: int = 0, ste: str = "identity") -> None:
         super().__init__()
+        if ste not in STES:
+            raise ValueError(f"ste must be one of {STES}, got {ste!r}")
+        self.ste = ste
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if not 0 <= frozen < paths.count:
@@ -257,9 +282,10 @@ class ResidualBinaryLinear(nn.Module):
         signs, weights = [], []
         residual = self.latents[0]
         for p in range(self.count):
-            sign = sign_ste(residual if self.mode == "rabit" else self.latents[p])
-            path = self.out_scales[p][:, None] * sign * self.in_scales[p][None, :]
-            signs.append(sign)
+            source = residual if self.mode == "rabit" else self.latents[p]
+            scale = self.out_scales[p][:, None] * self.in_scales[p][None, :]
+            path = path_ste(source, scale, self.ste)
+            signs.append(binary_sign(source.detach()))
             weights.append(path)
             residual = residual - path
         return signs, weights
@@ -288,7 +314,50 @@ class ResidualBinaryLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"paths={self.count}, mode={self.mode!r}, frozen={self.frozen}")
+                f"paths={self.count}, mode={self.mode!r}, frozen={self.frozen}, ste={self.ste!r}")
+
+
+def ordering_violations(paths: BinaryPaths) -> float:
+    r"""Fraction of entries where $0 < G_2 < G_1$ fails ($G_p = g_p h_p^\top$, two paths).
+
+    Eq. `eq-nearest` (RaBiT = round-to-nearest) needs that ordering; the output-scale refit
+    (Eq. `eq-output-optimal`) is an unconstrained least-squares fit and need not respect it.
+    """
+    if paths.count != 2:
+        raise ValueError(f"the ordering is defined for two paths, got {paths.count}")
+    G = paths.out_scales[:, :, None] * paths.in_scales[:, None, :]
+    good = (G[1] > 0) & (G[1] < G[0])
+    return float(1.0 - good.double().mean())
+
+
+class UniformQATLinear(nn.Module):
+    r"""A Linear layer quantised to $2^b$ uniform levels $s_i \{-2^{b-1}, \dots, 2^{b-1}-1\}$
+    per output row, trained with LSQ: the STE for the rounding and a learned step $s_i$ whose
+    gradient is scaled by $1/\sqrt{n\,Q_P}$ (Esser et al.). The step starts at the LSQ value
+    $2\,\overline{|w_i|}/\sqrt{Q_P}$, $Q_P = 2^{b-1} - 1$ (or 1 when that is 0)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 bits: int = 2) -> None:
+        super().__init__()
+        weight = check_weight(weight).detach()
+        if isinstance(bits, bool) or not isinstance(bits, numbers.Integral) or not 2 <= bits <= 8:
+            raise ValueError(f"bits must be an integer in [2, 8], got {bits!r}")
+        self.bits = int(bits)
+        self.low, self.high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+        positive = max(self.high, 1)
+        self.latent = nn.Parameter(weight.clone())
+        self.step = nn.Parameter(2 * weight.abs().mean(1) / positive**0.5)
+        self.grad_scale = 1.0 / (weight.shape[1] * positive) ** 0.5
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
+
+    def weight(self) -> torch.Tensor:
+        step = self.step * self.grad_scale + (self.step - self.step * self.grad_scale).detach()
+        ratio = (self.latent / step[:, None]).clamp(self.low, self.high)
+        rounded = ratio + (torch.round(ratio) - ratio).detach()
+        return rounded * step[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight(), self.bias)
 
 
 def rtn_quantize(weight: torch.Tensor, bits: int = 2) -> tuple[torch.Tensor, torch.Tensor,

@@ -1,12 +1,13 @@
 """Quantising a whole :class:`icml26.nn.TinyGPT`: initialisation, QAT, and the measurements.
 
 Every Linear layer inside the transformer blocks is quantised; embeddings, LayerNorms and the
-output head stay in floating point (as in the paper). The QAT methods differ only in how the
-residual binary layers are trained:
+output head stay in floating point (our choice; the sources we read do not say what the paper
+does). The QAT methods differ only in how the quantised layers are trained:
 
 * ``"independent"``: one latent per path (standard residual-binarization QAT);
 * ``"freeze"``: the same, with path 1 frozen at its initialisation (the path-freezing heuristic);
-* ``"rabit"``: one shared latent, paths derived sequentially (RaBiT).
+* ``"rabit"``: one shared latent, paths derived sequentially (RaBiT);
+* ``"lsq"``: a uniform 4-level (2-bit) grid per output row with a learned step (LSQ), no paths.
 
 All three start from the same binary paths, hence from exactly the same function, and train with
 the same distillation loss, optimizer, schedule, steps and batches.
@@ -26,13 +27,14 @@ from icml26 import nn as tnn
 from icml26.rabit.binarize import (
     BinaryPaths,
     ResidualBinaryLinear,
+    UniformQATLinear,
     function_aware_init,
     residual_svid,
     rtn_quantize,
 )
 from icml26.rabit.packed import bits_per_weight
 
-METHODS = ("independent", "freeze", "rabit")
+METHODS = ("independent", "freeze", "rabit", "lsq")
 INITS = ("function", "weight")
 
 
@@ -54,7 +56,7 @@ def initial_paths(model: nn.Module, calibration_tokens: torch.Tensor, paths: int
 
 
 def build_quantized(model: nn.Module, method: str,
-                    paths: dict[str, BinaryPaths]) -> nn.Module:
+                    paths: dict[str, BinaryPaths], ste: str = "identity") -> nn.Module:
     """A copy of ``model`` whose block Linears are :class:`ResidualBinaryLinear` layers.
 
     Only the quantised layers' latents, scales and biases stay trainable.
@@ -67,8 +69,10 @@ def build_quantized(model: nn.Module, method: str,
     mode = "rabit" if method == "rabit" else "independent"
     frozen = 1 if method == "freeze" else 0
 
-    def factory(name: str, linear: nn.Linear) -> ResidualBinaryLinear:
-        return ResidualBinaryLinear(linear.weight, paths[name], linear.bias, mode, frozen)
+    def factory(name: str, linear: nn.Linear) -> nn.Module:
+        if method == "lsq":
+            return UniformQATLinear(linear.weight, linear.bias, bits=2)
+        return ResidualBinaryLinear(linear.weight, paths[name], linear.bias, mode, frozen, ste)
 
     tnn.replace_linears(quantized, factory, names=list(paths))
     return quantized
@@ -109,6 +113,22 @@ def model_bits_per_weight(model: nn.Module, scale_bits: int = 16) -> float:
     return bits / weights
 
 
+def uniform_bits_per_weight(shapes, bits: int = 2, scale_bits: int = 16,
+                           zero_point_bits: int = 0) -> float:
+    """Bits per weight of a per-output-row uniform grid: ``bits`` per weight plus one scale (and
+    an optional zero point) per row, averaged over layers of the given ``(m, n)`` shapes.
+
+    RTN (Eq. `eq-rtn`) stores a ``scale_bits`` scale and a ``bits``-bit zero point per row; the
+    symmetric LSQ grid stores the scale only.
+    """
+    shapes = [(int(m), int(n)) for m, n in shapes]
+    if not shapes or min(min(shape) for shape in shapes) < 1 or min(bits, scale_bits) < 1 \
+            or zero_point_bits < 0:
+        raise ValueError("need at least one positive shape and positive bit counts")
+    total = sum(m * n * bits + m * (scale_bits + zero_point_bits) for m, n in shapes)
+    return total / sum(m * n for m, n in shapes)
+
+
 def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
     """Pearson correlation of two tensors, flattened."""
     a, b = a.flatten() - a.mean(), b.flatten() - b.mean()
@@ -144,14 +164,16 @@ class QATRun:
 def run_qat(teacher: nn.Module, method: str, paths: dict[str, BinaryPaths], train_tokens,
             valid_tokens, *, steps: int, lr: float, seed: int, batch_size: int = 32,
             min_context: int = 0, probe_tokens: torch.Tensor | None = None,
-            probe_every: int = 0) -> QATRun:
+            probe_every: int = 0, ste: str = "identity") -> QATRun:
     """Quantise ``teacher`` with ``method`` and train by distillation from it.
 
     The loss is KL(teacher || student) on next-token distributions (:func:`icml26.nn.train`
     with AdamW, warm-up and cosine decay). With ``probe_tokens`` and ``probe_every``, the path
     output correlation is recorded every ``probe_every`` steps.
     """
-    student = build_quantized(teacher, method, paths)
+    student = build_quantized(teacher, method, paths, ste)
+    if method == "lsq":
+        probe_tokens = None  # no paths to correlate
     steps_seen, correlations = [], []
 
     def probe(step: int, model: nn.Module) -> None:

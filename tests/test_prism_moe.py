@@ -1,0 +1,221 @@
+"""Tests of icml26.prism_moe: exact decompositions, masks, ridge properties, bad input."""
+
+import numpy as np
+import pytest
+import torch
+from scipy import linalg
+
+import icml26.prism_moe as pm
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    tokens, labels = pm.digit_pyramids(4)
+    x = pm.var_inputs(tokens[:64], labels[:64], 4)
+    y = torch.tensor(tokens[:64])
+    model = pm.VARLite(d_model=16, d_mlp=32, n_heads=2, seed=1)
+    pm.train_var(model, x, y, steps=5, batch_size=16)
+    return model, x, y
+
+
+def test_pyramid_matches_pooling():
+    tokens, labels = pm.digit_pyramids(4)
+    from sklearn.datasets import load_digits
+    images = load_digits().images
+    assert tokens.shape == (len(labels), 85)
+    assert np.array_equal(tokens[:, 21:], pm.quantise(images.reshape(-1, 64), 4))
+    assert np.array_equal(tokens[:, 0], pm.quantise(images.mean((1, 2)), 4))
+    assert tokens.min() == 0 and tokens.max() == 3
+
+
+def test_inputs_upsample_the_coarser_scale():
+    tokens, labels = pm.digit_pyramids(4)
+    x = pm.var_inputs(tokens[:3], labels[:3], 4).numpy()
+    assert np.array_equal(x[:, 0], 4 + labels[:3])
+    fine_in = x[:, 21:].reshape(3, 8, 8)
+    coarse = tokens[:3, 5:21].reshape(3, 4, 4)
+    for i in range(8):
+        for j in range(8):
+            assert np.array_equal(fine_in[:, i, j], coarse[:, i // 2, j // 2])
+
+
+def test_block_causal_mask_blocks_information_from_finer_scales(tiny):
+    model, x, _ = tiny
+    changed = x.clone()
+    changed[:, 21:] = (changed[:, 21:] + 1) % 4  # change the inputs of the finest block
+    with torch.no_grad():
+        a, b = model(x), model(changed)
+    assert torch.allclose(a[:, :21], b[:, :21], atol=1e-6)
+    assert not torch.allclose(a[:, 21:], b[:, 21:])
+    mask = pm.block_causal_mask()
+    assert mask[4, 1] and mask[1, 4] and not mask[1, 5] and mask[84, 0]
+
+
+def test_all_experts_active_reproduces_the_dense_ffn(tiny):
+    model, x, _ = tiny
+    mlp = model.blocks[0].mlp
+    h = torch.randn(7, 16)
+    perm = np.random.default_rng(0).permutation(32)
+    layer = pm.MoEMLP(mlp, perm[:8], perm[8:].reshape(4, 6), top_k=4,
+                      router_weight=torch.randn(4, 16))
+    with torch.no_grad():
+        assert torch.allclose(layer(h), mlp(h), atol=1e-5)
+
+
+def test_sparse_path_equals_masked_path(tiny):
+    model, x, _ = tiny
+    mlp = model.blocks[1].mlp
+    perm = np.random.default_rng(1).permutation(32)
+    layer = pm.MoEMLP(mlp, perm[:8], perm[8:].reshape(4, 6), top_k=2,
+                      router_weight=torch.randn(4, 16), router_bias=torch.randn(4))
+    h = torch.randn(3, 11, 16)
+    with torch.no_grad():
+        assert torch.allclose(layer(h), layer.sparse_forward(h), atol=1e-5)
+    # brute force: each token's output is the shared part plus its two best experts
+    with torch.no_grad():
+        logits = layer.router_logits(h)
+        experts = layer.expert_outputs(h)
+        for b in range(3):
+            for t in range(11):
+                top = torch.argsort(logits[b, t], descending=True)[:2]
+                want = layer.shared_output(h[b, t]) + layer.b2 + experts[b, t, top].sum(0)
+                assert torch.allclose(layer(h)[b, t], want, atol=1e-5)
+
+
+def test_straight_through_gates_give_router_gradients(tiny):
+    model, _, _ = tiny
+    perm = np.arange(32)
+    layer = pm.MoEMLP(model.blocks[0].mlp, perm[:8], perm[8:].reshape(4, 6), top_k=2,
+                      router_weight=torch.randn(4, 16))
+    layer(torch.randn(5, 16)).pow(2).sum().backward()
+    assert layer.router_w.grad is not None and layer.router_w.grad.abs().sum() > 0
+
+
+def test_ridge_delta_never_increases_error_and_matches_lstsq():
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        h = rng.normal(size=(200, 6))
+        r = rng.normal(size=(200, 3))
+        w = rng.normal(size=(3, 6))
+        lam_rel, cap = rng.uniform(0, 20), rng.uniform(0, 1)
+        w_new, before, after = pm.ridge_delta(h, r, w, lam_rel, cap)
+        assert after <= before + 1e-9
+        assert np.linalg.norm(w_new - w) <= cap * np.linalg.norm(w) + 1e-9
+    # no ridge and no cap: ordinary least squares
+    w_new, _, _ = pm.ridge_delta(h, r, w, 0.0, 1e9)
+    ols = np.linalg.lstsq(h, r, rcond=None)[0].T
+    assert np.allclose(w_new, ols, atol=1e-6)
+
+
+def test_ridge_router_matches_scipy():
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(100, 4))
+    t = rng.normal(size=(100, 3))
+    w, b = pm.ridge_router(x, t, lam=0.0)
+    xa = np.hstack([x, np.ones((100, 1))])
+    sol = linalg.lstsq(xa, t - t.mean(1, keepdims=True))[0]
+    assert np.allclose(w, sol[:-1].T, atol=1e-8) and np.allclose(b, sol[-1], atol=1e-8)
+
+
+def test_capacity_kmeans_gives_equal_sizes_and_recovers_clusters():
+    rng = np.random.default_rng(3)
+    centres = np.eye(4)
+    features = np.repeat(centres, 6, axis=0) + 0.05 * rng.normal(size=(24, 4))
+    labels = pm.capacity_kmeans(features, rng.uniform(0.5, 1.5, 24), 4)
+    assert np.all(np.bincount(labels, minlength=4) == 6)
+    for g in range(4):
+        assert len(set(labels[g * 6:(g + 1) * 6])) == 1
+
+
+def test_frechet_distance_closed_form():
+    rng = np.random.default_rng(4)
+    a = rng.normal(size=(4000, 2))
+    b = rng.normal(size=(4000, 2)) * 2 + 1
+    # N(0, I) vs N(1, 4I): |mu|^2 = 2, trace = 2 + 8 - 2 * 2 * 2 = 2
+    assert abs(pm.frechet_distance(a, b) - 4.0) < 0.4
+    assert pm.frechet_distance(a, a) < 1e-8
+
+
+def test_conversion_fractions_and_compensation(tiny):
+    model, x, y = tiny
+    gen = pm.generate(model, np.arange(16) % 10, torch.Generator().manual_seed(0))
+    traj = pm.var_inputs(gen, np.arange(16) % 10, 4)
+    stats = pm.layer_statistics(model, x, y, traj)
+    for fraction in (0.375, 0.75):
+        for method in pm.METHODS:
+            moe, report = pm.convert(model, stats, method, fraction, n_experts=6,
+                                     min_tokens=1)
+            for layer in pm.moe_layers(moe):
+                assert layer.active_neurons() == round(fraction * 32)
+            assert all(e["after"] <= e["before"] + 1e-6 for e in report["errors"])
+        nocomp, _ = pm.convert(model, stats, "prism_nocomp", fraction, n_experts=6)
+        comp, _ = pm.convert(model, stats, "prism", fraction, n_experts=6, min_tokens=1)
+        e0 = pm.calibration_error(nocomp, model, stats)
+        e1 = pm.calibration_error(comp, model, stats)
+        assert np.all(e1 <= e0 * (1 + 1e-5))
+
+
+def test_trajectory_kl_is_zero_for_the_same_model(tiny):
+    model, x, _ = tiny
+    assert np.allclose(pm.trajectory_kl(model, model, x), 0, atol=1e-6)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="do not divide"):
+        pm.check_structure(128, 32, 7, 2)
+    with pytest.raises(ValueError, match="larger than the number of experts"):
+        pm.check_structure(128, 32, 12, 13)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        pm.structure_for_fraction(128, 1.5)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        pm.structure_for_fraction(128, 0.0)
+    with pytest.raises(ValueError, match="not reachable"):
+        pm.structure_for_fraction(128, 0.3)
+    with pytest.raises(ValueError, match="unknown method"):
+        pm.convert(None, [], "bogus", 0.5)
+    with pytest.raises(ValueError):
+        pm.var_inputs(np.zeros((2, 10), int), np.zeros(2, int), 4)
+    assert pm.active_fraction(128, 32, 12, 2) == 0.375
+    assert pm.structure_for_fraction(128, 0.75) == (32, 12, 8)
+
+
+def test_routing_target_ranks_experts_by_remaining_error(tiny):
+    model, _, _ = tiny
+    perm = np.random.default_rng(5).permutation(32)
+    layer = pm.MoEMLP(model.blocks[0].mlp, perm[:8], perm[8:].reshape(6, 4), top_k=2,
+                      router_weight=torch.randn(6, 16))
+    x = torch.randn(40, 16)
+    with torch.no_grad():
+        experts = layer.expert_outputs(x)
+        target = pm.routing_targets(layer, x, experts)
+        g = layer.dense_output(x) - layer.shared_output(x) - layer.b2
+        remaining = ((g.unsqueeze(1) - experts) ** 2).sum(-1)
+    assert torch.allclose(target.sum(-1), torch.ones(40), atol=1e-5)
+    # eq-pm-route: the score is ||g||^2 - ||g - y_e||^2, so the target's order is the
+    # reverse order of the remaining squared error, expert by expert
+    assert torch.equal(target.argsort(-1), remaining.argsort(-1, descending=True))
+
+
+def test_flops_count_by_brute_force(tiny):
+    model, x, y = tiny
+    d, width = 16, 32
+    dense_flops = pm.flops_per_token(model)
+    assert dense_flops["ffn"] == 2 * 4 * d * width and dense_flops["router"] == 0
+    gen = pm.generate(model, np.arange(8) % 10, torch.Generator().manual_seed(1))
+    stats = pm.layer_statistics(model, x, y, pm.var_inputs(gen, np.arange(8) % 10, 4))
+    moe, _ = pm.convert(model, stats, "random", 0.375, n_experts=6)
+    flops = pm.flops_per_token(moe)
+    # 8 shared neurons + top-1 of 6 experts of 4 neurons = 12 active neurons per layer
+    assert flops["ffn"] == 2 * 4 * d * 12 and flops["router"] == 2 * 2 * d * 6
+    assert flops["attention"] == dense_flops["attention"]
+    params = pm.active_parameters(moe)
+    assert params["ffn_active"] == 2 * (12 * (2 * d + 1) + d + 6 * (d + 1))
+
+
+def test_convert_rejects_bad_fractions(tiny):
+    model, x, y = tiny
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        pm.convert(model, [], "prism", 1.5)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        pm.convert(model, [], "random", 0.0)
