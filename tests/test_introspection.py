@@ -161,33 +161,6 @@ def test_bias_training_freezes_weights(setup):
     assert all(p.requires_grad for p in model.parameters())
 
 
-@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
-def test_adamw_matches_torch(weight_decay):
-    torch.manual_seed(5)
-    ours = torch.nn.Linear(6, 3)
-    ref = torch.nn.Linear(6, 3)
-    ref.load_state_dict(ours.state_dict())
-    opt = intro.AdamW(list(ours.parameters()), lr=0.05, weight_decay=weight_decay)
-    opt_ref = torch.optim.AdamW(ref.parameters(), lr=0.05, weight_decay=weight_decay,
-                                foreach=False)
-    for step in range(20):
-        x = torch.randn(8, 6)
-        lr = 0.05 * (0.5 if step % 3 else 1.0)  # a schedule: changing learning rates
-        for group in opt_ref.param_groups:
-            group["lr"] = lr
-        for model, optim in ((ours, opt), (ref, opt_ref)):
-            optim.zero_grad()
-            (model(x) ** 2).mean().backward()
-        opt.step(lr)
-        opt_ref.step()
-    for a, b in zip(ours.parameters(), ref.parameters(), strict=True):
-        assert torch.allclose(a, b, atol=1e-6)
-    with pytest.raises(ValueError):
-        intro.AdamW([], lr=0.1)
-    with pytest.raises(ValueError):
-        intro.AdamW(list(ours.parameters()), lr=float("nan"))
-
-
 def test_pretrain_matches_library_trainer():
     lang = intro.ConceptLanguage(n_train=2, n_heldout=2, n_baseline=2)
     ours = intro.make_model(lang, n_layers=2, d_model=32, d_mlp=64, seed=3)

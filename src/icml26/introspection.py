@@ -12,8 +12,8 @@ A toy reconstruction of the measurement protocol of *Mechanisms of Introspective
 * :func:`detect` reads the Yes/No decision and the identified concept (eq-intro-decision);
   :func:`rates` turns decisions into TPR and FPR.
 * :func:`post_train` installs the detector on train concepts; :func:`train_bias` trains only an
-  additive bias on every MLP output (eq-intro-bias). Training uses :class:`AdamW`, torch's AdamW
-  update written out (it spares the one-time import of torch's compiler stack).
+  additive bias on every MLP output (eq-intro-bias). Training uses :class:`icml26.nn.AdamW`,
+  torch's AdamW update written out (it spares the one-time import of torch's compiler stack).
 * :func:`neuron_dla` is direct logit attribution through the final LayerNorm's linearisation
   (eq-intro-dla); :func:`monotonicity` is the Spearman correlation of activation with strength.
 """
@@ -289,62 +289,19 @@ def norm_matched_random(vectors: torch.Tensor, generator: torch.Generator) -> to
 # --- training -------------------------------------------------------------------------------
 
 
-class AdamW:
-    """AdamW with torch's defaults (betas 0.9, 0.999; eps 1e-8), the update of
-    ``torch.optim.AdamW(foreach=False)`` written out.
-
-    Constructing a ``torch.optim`` optimiser imports torch's compiler stack once per process
-    (seconds of CPU); this chapter trains small models and avoids that cost. The unit tests check
-    the update against ``torch.optim.AdamW`` step by step.
-    """
-
-    def __init__(self, params, lr: float, weight_decay: float = 0.0,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
-        self.params = [p for p in params]
-        if not self.params:
-            raise ValueError("no parameters to optimise")
-        if not (math.isfinite(lr) and lr > 0):
-            raise ValueError(f"lr must be positive and finite, got {lr}")
-        self.lr, self.weight_decay, self.betas, self.eps = lr, weight_decay, betas, eps
-        self.steps = 0
-        self.m = [torch.zeros_like(p) for p in self.params]
-        self.v = [torch.zeros_like(p) for p in self.params]
-
-    def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
-
-    @torch.no_grad()
-    def step(self, lr: float | None = None) -> None:
-        """One update; ``lr`` overrides the learning rate for this step (schedules)."""
-        lr = self.lr if lr is None else lr
-        beta1, beta2 = self.betas
-        self.steps += 1
-        correction1 = 1 - beta1 ** self.steps
-        correction2_sqrt = math.sqrt(1 - beta2 ** self.steps)
-        for p, m, v in zip(self.params, self.m, self.v, strict=True):
-            if p.grad is None:
-                continue
-            grad = p.grad
-            p.mul_(1 - lr * self.weight_decay)
-            m.lerp_(grad, 1 - beta1)
-            v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            p.addcdiv_(m, (v.sqrt() / correction2_sqrt).add_(self.eps), value=-lr / correction1)
-
-
 def pretrain(model, lang, *, steps: int, seed: int = 0, rows: int = 512,
              lr: float = 3e-3, batch_size: int = 32) -> list[float]:
     """Next-token pretraining on :meth:`ConceptLanguage.corpus`.
 
     The schedule of :func:`icml26.nn.train` (linear warm-up over a tenth of the steps, cosine
     decay to a tenth, gradient clipping at 1, random windows drawn from ``seed``), with
-    :class:`AdamW`.
+    :class:`icml26.nn.AdamW`.
     """
     steps = check_count(steps, "steps", 1)
     rng = np.random.default_rng(seed)
     tokens = tnn.as_token_tensor(lang.corpus(rows, 48, rng))
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = AdamW(params, lr=lr)
+    optimizer = tnn.AdamW(params, lr=lr)
     generator = torch.Generator().manual_seed(int(seed))
     warmup = max(1, steps // 10)
     losses = []
@@ -391,7 +348,7 @@ def detection_loss(model, lang, layer_choices: Sequence[int], vectors: dict[int,
 
 def _fit(params, loss_fn, steps: int, lr: float) -> list[float]:
     steps = check_count(steps, "steps", 1)
-    optimizer = AdamW(params, lr=lr)
+    optimizer = tnn.AdamW(params, lr=lr)
     losses = []
     for _ in range(steps):
         value = loss_fn()

@@ -338,6 +338,50 @@ class TrainResult:
     checkpoints: list[Path] = field(default_factory=list)
 
 
+class AdamW:
+    """AdamW with torch's defaults (betas 0.9, 0.999; eps 1e-8), the update of
+    ``torch.optim.AdamW(foreach=False)`` written out.
+
+    Constructing a ``torch.optim`` optimiser imports torch's compiler stack once per process
+    (seconds of CPU), which dominates the smoke tier of chapters that train small models; they
+    use this one. The unit tests check the update against ``torch.optim.AdamW`` step by step
+    (``weight_decay=0`` is Adam).
+    """
+
+    def __init__(self, params, lr: float, weight_decay: float = 0.0,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+        self.params = [p for p in params]
+        if not self.params:
+            raise ValueError("no parameters to optimise")
+        if not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"lr must be positive and finite, got {lr}")
+        self.lr, self.weight_decay, self.betas, self.eps = lr, weight_decay, betas, eps
+        self.steps = 0
+        self.m = [torch.zeros_like(p) for p in self.params]
+        self.v = [torch.zeros_like(p) for p in self.params]
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self, lr: float | None = None) -> None:
+        """One update; ``lr`` overrides the learning rate for this step (schedules)."""
+        lr = self.lr if lr is None else lr
+        beta1, beta2 = self.betas
+        self.steps += 1
+        correction1 = 1 - beta1 ** self.steps
+        correction2_sqrt = math.sqrt(1 - beta2 ** self.steps)
+        for p, m, v in zip(self.params, self.m, self.v, strict=True):
+            if p.grad is None:
+                continue
+            grad = p.grad
+            p.mul_(1 - lr * self.weight_decay)
+            m.lerp_(grad, 1 - beta1)
+            v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            p.addcdiv_(m, (v.sqrt() / correction2_sqrt).add_(self.eps), value=-lr / correction1)
+
+
 def train(model: nn.Module, sequences, *, steps: int, batch_size: int = 32, lr: float = 3e-3,
           loss: Callable | None = None, params: Iterable[torch.nn.Parameter] | None = None,
           weight_decay: float = 0.0, warmup: int | None = None, grad_clip: float | None = 1.0,

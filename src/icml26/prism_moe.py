@@ -33,7 +33,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from icml26.core import check_count
-from icml26.nn import GPTConfig, TinyGPT, cosine_schedule
+from icml26.nn import GPTConfig, TinyGPT, cosine_schedule, record_inputs
 
 SIDES = (1, 2, 4, 8)
 """Side lengths of the token maps, coarse to fine."""
@@ -424,16 +424,9 @@ def sparse_inference(model: VARLite, inputs: torch.Tensor) -> torch.Tensor:
 
 def ffn_inputs(model: VARLite, inputs: torch.Tensor) -> list[torch.Tensor]:
     """Input of each block's FFN (after ``ln2``): list of ``(n, T, d)``."""
-    captured = []
-    handles = [block.mlp.register_forward_pre_hook(
-        lambda _m, args: captured.append(args[0].detach())) for block in model.blocks]
-    try:
-        with torch.no_grad():
-            model(inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return captured
+    names = [f"gpt.blocks.{i}.mlp" for i in range(len(model.blocks))]
+    recorded = record_inputs(model, inputs, names)
+    return [recorded[name].reshape(*inputs.shape[:2], -1) for name in names]
 
 
 def taylor_importance(model: VARLite, inputs: torch.Tensor, targets: torch.Tensor,

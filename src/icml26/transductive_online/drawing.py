@@ -38,6 +38,16 @@ def _layout(root, point_name: Callable[[int], str], leaf_name: Callable[[int], s
     return nodes, edges
 
 
+def _draw_edges(ax, nodes: list[dict], edges) -> None:
+    """Grey edges between laid-out nodes, each labelled at its midpoint."""
+    for parent, child, label in edges:
+        a, b = nodes[parent], nodes[child]
+        ax.plot([a["x"], b["x"]], [a["y"], b["y"]], color="0.6", linewidth=1, zorder=1)
+        ax.text((a["x"] + b["x"]) / 2, (a["y"] + b["y"]) / 2, str(label), fontsize=8,
+                ha="center", va="center", bbox={"boxstyle": "round,pad=0.1", "fc": "white",
+                                                "ec": "none"}, zorder=3)
+
+
 def draw_tree(ax, root, point_name: Callable[[int], str] = str,
               leaf_name: Callable[[int], str] = lambda h: f"h{h}") -> None:
     """Draw a level-constrained tree (:class:`LCNode`) or an LCLL tree (:class:`LCLLNode`).
@@ -46,12 +56,7 @@ def draw_tree(ax, root, point_name: Callable[[int], str] = str,
     path; in an LCLL tree each node's level-constrained tree gets its own colour.
     """
     nodes, edges = _layout(root, point_name, leaf_name)
-    for parent, child, label in edges:
-        a, b = nodes[parent], nodes[child]
-        ax.plot([a["x"], b["x"]], [a["y"], b["y"]], color="0.6", linewidth=1, zorder=1)
-        ax.text((a["x"] + b["x"]) / 2, (a["y"] + b["y"]) / 2, str(label), fontsize=8,
-                ha="center", va="center", bbox={"boxstyle": "round,pad=0.1", "fc": "white",
-                                                "ec": "none"}, zorder=3)
+    _draw_edges(ax, nodes, edges)
     for node in nodes:
         leaf = node["group"] is None
         color = "white" if leaf else PALETTE[node["group"] % len(PALETTE)]
@@ -99,12 +104,7 @@ def draw_game_tree(ax, cls, solver=None, point_name: Callable[[int], str] = str,
         return x, len(nodes) - 1
 
     walk(np.unique(matrix, axis=0, return_index=True)[1], 0, 0)
-    for parent, child, label in edges:
-        a, b = nodes[parent], nodes[child]
-        ax.plot([a["x"], b["x"]], [a["y"], b["y"]], color="0.6", linewidth=1, zorder=1)
-        ax.text((a["x"] + b["x"]) / 2, (a["y"] + b["y"]) / 2, str(label), fontsize=8,
-                ha="center", va="center", bbox={"boxstyle": "round,pad=0.1", "fc": "white",
-                                                "ec": "none"}, zorder=3)
+    _draw_edges(ax, nodes, edges)
     for node in nodes:
         ax.text(node["x"], node["y"], node["text"], fontsize=8, ha="center",
                 va="top" if node["leaf"] else "center",
