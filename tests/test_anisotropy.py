@@ -213,6 +213,23 @@ def test_anisotropy_share_is_one_on_the_best_subspace_and_control_matches_monte_
     assert abs(np.mean(draws) / best - an.anisotropy_share(G, Q)[1]) < 4 * se
 
 
+def test_anisotropy_share_is_an_affine_function_of_the_energy_share():
+    """eq-aniso-share-energy: share(Q) = tr(Sigma) / best * (E(Q) - k/d), for any Q and G."""
+    rng = np.random.default_rng(16)
+    d, k = 12, 3
+    G = rng.standard_normal((400, d)) @ rng.standard_normal((d, d))
+    sigma = G.T @ G / len(G)
+    best = np.clip(np.linalg.eigvalsh(sigma)[::-1][:k] - np.trace(sigma) / d, 0, None).sum()
+    shares, energies = [], []
+    for _ in range(20):
+        Q = an.orthonormal_basis(rng.standard_normal((k, d)))
+        shares.append(an.anisotropy_share(G, Q)[0])
+        energies.append(an.energy_share(G, Q))
+    predicted = np.trace(sigma) / best * (np.array(energies) - k / d)
+    assert np.allclose(shares, predicted, atol=1e-12)
+    assert np.all(np.sign(shares) == np.sign(np.array(energies) - k / d))
+
+
 # --- bad input ---------------------------------------------------------------------------------
 
 

@@ -14,8 +14,13 @@ from sklearn.kernel_ridge import KernelRidge
 from icml26.interventional_gp import calibration as cal
 from icml26.interventional_gp import experiments as ex
 from icml26.interventional_gp import simulators as sim
-from icml26.interventional_gp.baselines import fit_sampling_stage, sampling_gp_moments
+from icml26.interventional_gp.baselines import (
+    fit_sampling_stage,
+    sampling_gp_inner_sweep,
+    sampling_gp_moments,
+)
 from icml26.interventional_gp.cbo import bayes_opt, causal_prior, expected_improvement
+from icml26.interventional_gp.drawing import BACKDOOR_GRAPH, draw_dag
 from icml26.interventional_gp.kernels import (
     DTYPE,
     GaussianKernel,
@@ -35,7 +40,11 @@ from icml26.interventional_gp.posterior import (
     outcome_posterior,
     treatment_weights,
 )
-from icml26.interventional_gp.spectral import nystrom_basis, spectral_draws
+from icml26.interventional_gp.spectral import (
+    gaussian_mercer_eigenvalues,
+    nystrom_basis,
+    spectral_draws,
+)
 from icml26.interventional_gp.training import (
     outcome_gpytorch_model,
     treatment_objective,
@@ -279,6 +288,103 @@ def test_sampling_baseline_agrees_with_impspec_on_an_easy_chain():
     assert (var > 0).all()
     again = sampling_gp_moments(data, fit.outcome, stage, iv, n_draws=40, n_inner=8, seed=0)
     assert torch.equal(mean, again[0])
+
+
+def _joint_sampler(data, outcome, stage, iv, n_draws, n_inner, seed):
+    """Brute force: one joint draw of f at all N * M points (the grid-joint sampler)."""
+    generator = torch.Generator().manual_seed(seed)
+    beta, kappa = treatment_weights(data, stage, iv)
+    mean_v = beta.T @ data.V0
+    sd_g = torch.diagonal(kappa).clamp_min(0).sqrt()[:, None]
+    N, d = mean_v.shape
+    out = torch.empty(n_draws, N, dtype=DTYPE)
+    for s in range(n_draws):
+        g = mean_v + sd_g * torch.randn(N, d, dtype=DTYPE, generator=generator)
+        V = (g[:, None, :] + stage.noise**0.5
+             * torch.randn(N, n_inner, d, dtype=DTYPE, generator=generator)).reshape(-1, d)
+        f_mean, f_cov = outcome_posterior(data.V1, data.Y, outcome, V)
+        chol = torch.linalg.cholesky(f_cov + 1e-8 * torch.eye(len(V), dtype=DTYPE))
+        f = f_mean + chol @ torch.randn(len(V), dtype=DTYPE, generator=generator)
+        out[s] = f.reshape(N, n_inner).mean(1)
+    return out.mean(0), out.var(0)
+
+
+@pytest.fixture(scope="module")
+def sampling_setup():
+    chain = sim.mediator_chain(60, 2, 0.5, seed=5, grid_size=4)
+    data, iv = chain.observed(), chain.intervention()
+    fit = ex.fit_impspec(data, iv, max_iter=40)
+    stage = fit_sampling_stage(data, max_iter=40)
+    return data, iv, fit.outcome, stage
+
+
+def test_per_point_sampler_matches_the_grid_joint_sampler(sampling_setup):
+    """Marginal moments do not depend on whether draws are joint across the grid."""
+    data, iv, outcome, stage = sampling_setup
+    ours = sampling_gp_moments(data, outcome, stage, iv, n_draws=1500, n_inner=5, seed=1)
+    brute = _joint_sampler(data, outcome, stage, iv, 1500, 5, seed=2)
+    se_mean = (brute[1] / 1500).sqrt()
+    assert ((ours[0] - brute[0]).abs() < 5 * se_mean).all()
+    # the variance of a sample variance of 1500 near-Gaussian draws is ~ 2 var^2 / 1500
+    ratio = ours[1] / brute[1]
+    assert ((ratio - 1).abs() < 5 * (2 * 2 / 1500) ** 0.5).all(), ratio
+
+
+def test_inner_draws_follow_the_law_of_total_variance(sampling_setup):
+    data, iv, outcome, stage = sampling_setup
+    sweep = sampling_gp_inner_sweep(data, outcome, stage, iv, n_draws=1500, inner=(1, 4, 40),
+                                    seed=3, within=True)
+    v_inf = sweep[40][1] - sweep["within"] / 40
+    for m in (1, 4):
+        predicted = v_inf + sweep["within"] / m
+        assert ((sweep[m][1] / predicted - 1).abs() < 0.25).all(), (m, sweep[m][1], predicted)
+    # more inner draws, less variance, and the shared draws make the sweep paired
+    assert (sweep[1][1] > sweep[40][1]).all()
+    again = sampling_gp_inner_sweep(data, outcome, stage, iv, n_draws=1500, inner=(1, 4, 40),
+                                    seed=3)
+    assert torch.equal(again[4][0], sweep[4][0])
+
+
+def test_sampling_sweep_rejects_bad_input(sampling_setup):
+    data, iv, outcome, stage = sampling_setup
+    for bad in ((), (0,), (2.5,), (True,)):
+        with pytest.raises(ValueError, match="inner draw counts"):
+            sampling_gp_inner_sweep(data, outcome, stage, iv, 10, bad)
+    with pytest.raises(ValueError, match="n_draws"):
+        sampling_gp_inner_sweep(data, outcome, stage, iv, 1, (2,))
+    with pytest.raises(ValueError, match="within-draw"):
+        sampling_gp_inner_sweep(data, outcome, stage, iv, 10, (1,), within=True)
+    with pytest.raises(ValueError, match="n_inner"):
+        sampling_gp_moments(data, outcome, stage, iv, 10, 0)
+
+
+@pytest.mark.parametrize("sd", [0.3, 1.0, 2.5])
+def test_mercer_eigenvalues_match_nystrom_and_sum_to_tau(sd):
+    kernel = GaussianKernel(torch.tensor([0.6]), 1.4)
+    basis = nystrom_basis(kernel, GaussianMeasure(torch.zeros(1), torch.tensor([sd])), 3000, 6,
+                          seed=0)
+    closed = gaussian_mercer_eigenvalues(6, 0.6, 1.4, sd)
+    assert torch.allclose(basis.eigenvalues[:4], closed[:4], rtol=0.08)
+    assert abs(gaussian_mercer_eigenvalues(400, 0.6, 1.4, sd).sum().item() - 1.4) < 1e-6
+    with pytest.raises(ValueError):
+        gaussian_mercer_eigenvalues(0, 0.6, 1.4, sd)
+    with pytest.raises(ValueError):
+        gaussian_mercer_eigenvalues(3, -0.6, 1.4, sd)
+
+
+def test_draw_dag_rejects_unknown_nodes_and_cuts():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    draw_dag(ax, BACKDOOR_GRAPH, cut=[("$W$", "$A$")], highlight=["$A$"])
+    with pytest.raises(ValueError, match="unknown"):
+        draw_dag(ax, BACKDOOR_GRAPH, highlight=["$Q$"])
+    with pytest.raises(ValueError, match="cut edges"):
+        draw_dag(ax, BACKDOOR_GRAPH, cut=[("$A$", "$Y$")])
+    plt.close(fig)
 
 
 # ------------------------------------------------------------------ calibration and BO

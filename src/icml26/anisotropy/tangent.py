@@ -10,7 +10,8 @@ these follow the chapter's equations `eq-semi-nmf` to `eq-aniso-share`:
 * :func:`control_energy_share`: the exact mean of $E$ over random rank-$k$ subspaces of the
   orthogonal complement of $Q_T$ (the matched-rank normal control);
 * :func:`anisotropy_share`: the share of the anisotropic part of the gradient covariance that a
-  subspace captures, relative to the best rank-$k$ subspace.
+  subspace captures, relative to the best rank-$k$ subspace (an affine function of the
+  energy share, `eq-aniso-share-energy`).
 """
 
 from __future__ import annotations
@@ -140,6 +141,9 @@ def anisotropy_share(G, Q) -> tuple[float, float]:
     Both are $\operatorname{tr}(P A_G P)$ for the subspace's projector $P$, divided by the best
     rank-$k$ value $\sum_{i \le k} \lambda_i^+(A_G)$; the control's numerator is its exact mean
     $\frac{k}{d-k} \operatorname{tr}(P_\perp A_G P_\perp)$ over random subspaces of $Q^\perp$.
+    For fixed ``G`` the first share is an increasing affine function of :func:`energy_share`,
+    $\frac{\operatorname{tr}\Sigma_G}{\text{best}}\,(E(Q) - k/d)$ (`eq-aniso-share-energy`), so
+    it orders subspaces exactly as the energy share does.
     """
     G, Q = _check_pair(G, Q)
     d, k = Q.shape

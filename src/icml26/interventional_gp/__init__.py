@@ -9,10 +9,11 @@
 * :mod:`.spectral`: a Nyström basis of $k_V$ in $L^2(\\nu)$ and Monte Carlo draws of $\\theta$;
 * :mod:`.baselines`: the sampling-GP baseline; :mod:`.cbo`: expected improvement and causal BO;
 * :mod:`.simulators`: the mediator chain and the diabetes back-door problem;
+* :mod:`.drawing`: the small causal graphs (DAGs) of the chapter's settings;
 * :mod:`.experiments`: fitting all methods, evaluation, seed studies.
 """
 
-from .baselines import fit_sampling_stage, sampling_gp_moments
+from .baselines import fit_sampling_stage, sampling_gp_inner_sweep, sampling_gp_moments
 from .calibration import (
     LEVELS,
     SCALES,
@@ -23,6 +24,7 @@ from .calibration import (
     interval_hits,
 )
 from .cbo import BOTrace, bayes_opt, causal_prior, expected_improvement, gp_posterior_on_grid
+from .drawing import BACKDOOR_GRAPH, BENCHMARK_CHAIN, MEDIATOR_CHAIN, draw_dag
 from .experiments import (
     LABELS,
     METHODS,
@@ -70,7 +72,7 @@ from .simulators import (
     diabetes_backdoor,
     mediator_chain,
 )
-from .spectral import SpectralBasis, nystrom_basis, spectral_draws
+from .spectral import SpectralBasis, gaussian_mercer_eigenvalues, nystrom_basis, spectral_draws
 from .training import (
     fit_bayesimp_outcome,
     fit_outcome_stage,
@@ -80,17 +82,18 @@ from .training import (
 )
 
 __all__ = [
-    "BACKDOOR", "BOTrace", "CalibrationResult", "DiabetesBackdoor", "Estimate", "Fit",
-    "FusedData", "GPStage", "GaussianKernel", "GaussianMeasure", "ImpspecPosterior",
-    "Intervention", "LABELS", "LEVELS", "METHODS", "MediatorChain", "Metrics", "Moments",
-    "SCALES", "SeedResult", "SpectralBasis", "StudySummary", "VarianceTerms", "backdoor_effect",
-    "bayes_opt", "bayesimp_code_moments", "bayesimp_moments", "calibrate_measure_scale",
-    "calibration_score", "causal_prior", "chain_effect", "coverage_curve", "data_measure",
-    "diabetes_backdoor", "evaluate", "expected_improvement", "fit_bayesimp",
-    "fit_bayesimp_outcome", "fit_impspec", "fit_methods", "fit_outcome_stage",
-    "fit_sampling_stage", "fit_treatment_stage", "gp_posterior_on_grid",
-    "integral_operator_gram", "interval_hits", "kernel_chain_gram", "kernel_chain_trace",
-    "median_lengthscales", "mediator_chain", "nystrom_basis", "outcome_gpytorch_model",
-    "outcome_posterior", "run_mediator_seed", "run_study", "sampling_gp_moments",
+    "BACKDOOR", "BACKDOOR_GRAPH", "BENCHMARK_CHAIN", "BOTrace", "CalibrationResult",
+    "DiabetesBackdoor", "Estimate", "Fit", "FusedData", "GPStage", "GaussianKernel",
+    "GaussianMeasure", "ImpspecPosterior", "Intervention", "LABELS", "LEVELS", "MEDIATOR_CHAIN",
+    "METHODS", "MediatorChain", "Metrics", "Moments", "SCALES", "SeedResult", "SpectralBasis",
+    "StudySummary", "VarianceTerms", "backdoor_effect", "bayes_opt", "bayesimp_code_moments",
+    "bayesimp_moments", "calibrate_measure_scale", "calibration_score", "causal_prior",
+    "chain_effect", "coverage_curve", "data_measure", "diabetes_backdoor", "draw_dag", "evaluate",
+    "expected_improvement", "fit_bayesimp", "fit_bayesimp_outcome", "fit_impspec", "fit_methods",
+    "fit_outcome_stage", "fit_sampling_stage", "fit_treatment_stage",
+    "gaussian_mercer_eigenvalues", "gp_posterior_on_grid", "integral_operator_gram",
+    "interval_hits", "kernel_chain_gram", "kernel_chain_trace", "median_lengthscales",
+    "mediator_chain", "nystrom_basis", "outcome_gpytorch_model", "outcome_posterior",
+    "run_mediator_seed", "run_study", "sampling_gp_inner_sweep", "sampling_gp_moments",
     "spectral_draws", "stable_cholesky", "summarise", "treatment_objective", "treatment_weights",
 ]

@@ -1,4 +1,5 @@
-r"""Coverage curves, the calibration score, and the bootstrap calibration of $\nu$ (Eqs. (20)-(22)).
+r"""Coverage curves, the calibration score, and the bootstrap calibration of $\nu$
+(``eq-igp-coverage``, ``eq-igp-score``, ``eq-igp-calibration``).
 
 The calibration never sees the ground truth: it measures how often bootstrap credible intervals
 cover the *full-data posterior mean*, and picks the measure scale whose coverage is closest to
@@ -45,12 +46,13 @@ def interval_hits(target, mean, sd, levels=LEVELS) -> np.ndarray:
 
 
 def coverage_curve(target, mean, sd, levels=LEVELS) -> np.ndarray:
-    """Empirical coverage of ``target`` at each nominal level, averaged over points (Eq. (20))."""
+    """Empirical coverage of ``target`` at each nominal level, averaged over points
+    (``eq-igp-coverage``)."""
     return interval_hits(target, mean, sd, levels).mean(0)
 
 
 def calibration_score(coverage, levels=LEVELS) -> float:
-    """Mean absolute gap between empirical and nominal coverage over levels (Eq. (21))."""
+    """Mean absolute gap between empirical and nominal coverage over levels (``eq-igp-score``)."""
     coverage = _as_array(coverage, "coverage")
     return float(np.abs(coverage - np.asarray(levels)).mean())
 
@@ -76,7 +78,7 @@ def bootstrap_rows(data: FusedData, generator: torch.Generator):
 def calibrate_measure_scale(data: FusedData, outcome: GPStage, treatment: GPStage,
                             intervention: Intervention, scales=SCALES, n_boot: int = 20,
                             levels=LEVELS, seed: int = 0) -> CalibrationResult:
-    r"""Pick $\nu_s$ by bootstrap coverage of the full-data mean (Eq. (22)).
+    r"""Pick $\nu_s$ by bootstrap coverage of the full-data mean (``eq-igp-calibration``).
 
     For each bootstrap data set $\mathcal D_b$ and candidate scale, the interval
     $m_b(a) \pm z_\ell \sqrt{v_b(a; \nu_s)}$ either covers $\hat\theta(a)$ or not; the loss of a

@@ -1,4 +1,5 @@
-r"""Causal Bayesian optimisation on a grid with expected improvement (Eqs. (23), (24)).
+r"""Causal Bayesian optimisation on a grid with expected improvement (``eq-igp-causal-prior``,
+``eq-igp-ei``).
 
 The surrogate for $a \mapsto \theta(a)$ is a GP whose prior is either the *causal prior*, mean
 $m(a) = E[\theta(a) \mid \mathcal D]$ and kernel $\sigma(a)\sigma(a') + k(a, a')$ with
@@ -16,7 +17,7 @@ from scipy.stats import norm
 
 def expected_improvement(mean, sd, best: float) -> np.ndarray:
     r"""$E[\max(\theta - \theta^*, 0)] = (m - \theta^*)\Phi(z) + s\,\varphi(z)$, $z = (m -
-    \theta^*)/s$ (Eq. (24)); equal to $\max(m - \theta^*, 0)$ where $s = 0$."""
+    \theta^*)/s$ (``eq-igp-ei``); equal to $\max(m - \theta^*, 0)$ where $s = 0$."""
     mean, sd = np.asarray(mean, float), np.asarray(sd, float)
     if mean.shape != sd.shape or (sd < 0).any() or not np.isfinite(best):
         raise ValueError("need matching shapes, non-negative sds and a finite incumbent")
@@ -67,6 +68,7 @@ def bayes_opt(values, prior_mean, prior_cov, n_iter: int, start: int) -> BOTrace
 
 
 def causal_prior(mean, variance, base_cov):
-    """Prior mean and covariance $\\sigma(a)\\sigma(a') + k(a, a')$ of the causal GP (Eq. (23))."""
+    """Prior mean and covariance $\\sigma(a)\\sigma(a') + k(a, a')$ of the causal GP
+    (``eq-igp-causal-prior``)."""
     sd = np.sqrt(np.clip(np.asarray(variance, float), 0, None))
     return np.asarray(mean, float), np.outer(sd, sd) + np.asarray(base_cov, float)

@@ -12,7 +12,7 @@ import numpy as np
 
 from icml26.core import Timer
 
-from .baselines import fit_sampling_stage, sampling_gp_moments
+from .baselines import fit_sampling_stage, sampling_gp_inner_sweep
 from .calibration import (
     LEVELS,
     SCALES,
@@ -63,6 +63,8 @@ class Fit:
     bayesimp: tuple[GPStage, GPStage] | None = None
     estimates: dict[str, Estimate] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    inner: dict[int, Estimate] = field(default_factory=dict)
+    within: np.ndarray | None = None
 
 
 def _estimate(mean, variance) -> Estimate:
@@ -70,7 +72,8 @@ def _estimate(mean, variance) -> Estimate:
 
 
 def fit_impspec(data: FusedData, intervention: Intervention, max_iter: int) -> Fit:
-    """Both IMPspec stages (Eqs. (17), (18)) and the posterior on the grid (no calibration)."""
+    """Both IMPspec stages (``eq-igp-ml-y``, ``eq-igp-ml-a``) and the posterior on the grid (no
+    calibration)."""
     with Timer() as t_outcome:
         outcome = fit_outcome_stage(data.V1, data.Y, max_iter)
     with Timer() as t_treatment:
@@ -82,7 +85,7 @@ def fit_impspec(data: FusedData, intervention: Intervention, max_iter: int) -> F
 
 
 def fit_bayesimp(data: FusedData, intervention: Intervention, max_iter: int):
-    """BayesIMP ($\\nu_s = 1$): marginal likelihood under $r$, Eq. (18) with its own $k_V$.
+    """BayesIMP ($\\nu_s = 1$): marginal likelihood under $r$, ``eq-igp-ml-a`` with its own $k_V$.
 
     Returns the two stages and the moments of three variance formulas: the authors' (weights
     under $k$, approximate $S$), the authors' $S$ with the weights under $r$, and all exact.
@@ -101,8 +104,12 @@ def fit_bayesimp(data: FusedData, intervention: Intervention, max_iter: int):
 
 def fit_methods(data: FusedData, intervention: Intervention, max_iter: int = 100,
                 scales=SCALES, n_boot: int = 20, n_draws: int = 50, n_inner: int = 10,
-                seed: int = 0, methods=METHODS) -> Fit:
-    """Fit the requested methods on observed data only; return their estimates on the grid."""
+                seed: int = 0, methods=METHODS, inner_sweep=()) -> Fit:
+    """Fit the requested methods on observed data only; return their estimates on the grid.
+
+    The sampling GP uses ``n_inner`` inner draws $M$; every $M$ in ``inner_sweep`` is run too,
+    from the same draws (``Fit.inner``, with the within-draw variance in ``Fit.within``).
+    """
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
@@ -124,10 +131,14 @@ def fit_methods(data: FusedData, intervention: Intervention, max_iter: int = 100
     if "sampling_gp" in methods:
         with Timer() as timer:
             stage = fit_sampling_stage(data, max_iter)
-            mean, var = sampling_gp_moments(data, fit.outcome, stage, intervention, n_draws,
-                                            n_inner, seed)
+            inner = tuple(sorted({n_inner, *inner_sweep}))
+            moments = sampling_gp_inner_sweep(data, fit.outcome, stage, intervention, n_draws,
+                                              inner, seed, within=max(inner) > 1)
         fit.seconds["sampling GP"] = timer.seconds
-        fit.estimates["sampling_gp"] = _estimate(mean, var)
+        fit.estimates["sampling_gp"] = _estimate(*moments[n_inner])
+        fit.inner = {m: _estimate(*moments[m]) for m in inner}
+        if "within" in moments:
+            fit.within = moments["within"].numpy()
     fit.estimates = {name: fit.estimates[name] for name in METHODS if name in fit.estimates}
     return fit
 
@@ -161,6 +172,10 @@ class SeedResult:
     scale: float
     bo: dict[str, BOTrace]
     seconds: dict[str, float]
+    inner: dict[int, Metrics] = field(default_factory=dict)
+    inner_variance: dict[int, float] = field(default_factory=dict)
+    within: float = float("nan")
+    mean_variance: dict[str, float] = field(default_factory=dict)
 
 
 def run_cbo(fit: Fit, truth, grid, n_iter: int, start: int) -> dict[str, BOTrace]:
@@ -189,7 +204,11 @@ def run_mediator_seed(seed: int, n: int = 100, d: int = 5, noise: float = 0.5,
         bo = run_cbo(fit, truth, chain.grid, bo_iter, start)
     seconds = dict(fit.seconds, **{"causal BO": timer.seconds})
     scale = fit.calibration.scale if fit.calibration else 1.0
-    return SeedResult(seed, evaluate(fit.estimates, truth), scale, bo, seconds)
+    inner_variance = {m: float(np.mean(est.sd**2)) for m, est in fit.inner.items()}
+    within = float(np.mean(fit.within)) if fit.within is not None else float("nan")
+    mean_variance = {name: float(np.mean(est.sd**2)) for name, est in fit.estimates.items()}
+    return SeedResult(seed, evaluate(fit.estimates, truth), scale, bo, seconds,
+                      evaluate(fit.inner, truth), inner_variance, within, mean_variance)
 
 
 @dataclass(frozen=True)
@@ -205,7 +224,7 @@ class StudySummary:
     seconds: dict[str, float]
 
     def bo_regret(self, name: str) -> float:
-        """Simple regret averaged over the queries after the first (Eq. (27))."""
+        """Simple regret averaged over the queries after the first (``eq-igp-regret``)."""
         return float(self.regret[name][1:].mean())
 
 

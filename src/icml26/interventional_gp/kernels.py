@@ -1,4 +1,5 @@
-r"""Gaussian kernels and their integrals against a Gaussian measure (chapter Eqs. (12), (14), (15)).
+r"""Gaussian kernels and their integrals against a Gaussian measure (chapter ``eq-igp-r-matrix``,
+``eq-igp-r-closed``, ``eq-igp-bayesimp``).
 
 Every kernel here is the ARD Gaussian kernel
 $k(x, y) = s^2 \exp(-\tfrac12 \sum_d (x_d - y_d)^2 / \ell_d^2)$, and every measure is a product
@@ -61,7 +62,7 @@ class GaussianKernel:
         return self.lengthscale.numel()
 
     def gram(self, X, Y=None) -> torch.Tensor:
-        """$k(X, Y)$ (Eq. (2)); with ``Y=None`` the square matrix on ``X``."""
+        """$k(X, Y)$ (``eq-igp-kernel``); with ``Y=None`` the square matrix on ``X``."""
         X = self._points(X, "X")
         Y = X if Y is None else self._points(Y, "Y")
         return self.outputscale * unit_gaussian_gram(X, Y, self.lengthscale)
@@ -119,7 +120,7 @@ def _check_pair(kernel: GaussianKernel, measure: GaussianMeasure) -> None:
 
 
 def integral_operator_gram(kernel: GaussianKernel, measure: GaussianMeasure, X, Y=None):
-    r"""$R(x, y) = \int k(x, u)\,k(u, y)\,\nu(du)$ in closed form (Eq. (14)).
+    r"""$R(x, y) = \int k(x, u)\,k(u, y)\,\nu(du)$ in closed form (``eq-igp-r-closed``).
 
     Per dimension: $\sqrt{\ell^2 / (\ell^2 + 2\sigma^2)}\,
     \exp(-(x - y)^2 / 4\ell^2 - ((x + y)/2 - m)^2 / (\ell^2 + 2\sigma^2))$, times $s^4$.
@@ -133,7 +134,8 @@ def integral_operator_gram(kernel: GaussianKernel, measure: GaussianMeasure, X, 
 
 
 def integral_operator_tensor(X, Y, lengthscale, outputscale, mean, sd) -> torch.Tensor:
-    """Eq. (14) on raw tensors, differentiable in every argument (used to learn BayesIMP)."""
+    """``eq-igp-r-closed`` on raw tensors, differentiable in every argument (used to learn
+    BayesIMP)."""
     ell2, var = lengthscale**2, sd**2
     spread = ell2 + 2 * var
     half_diff = (X[:, None, :] - Y[None, :, :]) ** 2 / (4 * ell2)
@@ -145,8 +147,10 @@ def integral_operator_tensor(X, Y, lengthscale, outputscale, mean, sd) -> torch.
 def kernel_chain_gram(kernel: GaussianKernel, measure: GaussianMeasure, X, Y=None, depth=1):
     r"""$\int k(x, u_1) k(u_1, u_2) \cdots k(u_p, y)\,\nu(du_1)\cdots\nu(du_p)$, $p$ = ``depth``.
 
-    Depth 0 is $k$, depth 1 is $R$ (Eq. (14)), depth 3 is the matrix $S$ of exact BayesIMP
-    (Eq. (15)). Per dimension the $p$ integrals are one Gaussian integral with a tridiagonal
+    Depth 0 is $k$, depth 1 is $R$ (``eq-igp-r-closed``), depth 3 is the matrix $S$ of exact
+    BayesIMP
+    (``eq-igp-bayesimp``). Per dimension the $p$ integrals are one Gaussian integral with a
+    tridiagonal
     precision matrix $P$; with $b = (x e_1 + y e_p) / \ell^2$ (centred at $m$) it equals
     $\sigma^{-p} |P|^{-1/2} \exp(\tfrac12 b^\top P^{-1} b - (x^2 + y^2) / 2\ell^2)$.
     """
@@ -176,7 +180,7 @@ def kernel_chain_gram(kernel: GaussianKernel, measure: GaussianMeasure, X, Y=Non
 def kernel_chain_trace(kernel: GaussianKernel, measure: GaussianMeasure, depth=0) -> float:
     r"""$\int\!\cdots\!\int k(u_0, u_1) \cdots k(u_p, u_0)\,\nu(du_0)\cdots\nu(du_p)$.
 
-    Depth 0 is $\tau = \int k(u, u)\,\nu(du) = s^2$ (Eq. (12)); depth 1 is
+    Depth 0 is $\tau = \int k(u, u)\,\nu(du) = s^2$ (``eq-igp-r-matrix``); depth 1 is
     $\int\!\int k(u, u')^2\,\nu\,\nu = s^4 \prod_d \ell_d / \sqrt{\ell_d^2 + 4\sigma_d^2}$, the
     trace of the nuclear-dominant kernel $r$.
     """

@@ -1,4 +1,5 @@
-r"""Closed-form posterior moments of $\theta(a) = E[Y \mid do(A = a)]$ (chapter Eqs. (8)-(13)).
+r"""Closed-form posterior moments of $\theta(a) = E[Y \mid do(A = a)]$ (chapter ``eq-igp-post-f``,
+``eq-igp-post-u``, ``eq-igp-mean``, ``eq-igp-cov-split``, ``eq-igp-r-matrix``, ``eq-igp-terms``).
 
 Two data sets may be fused: $\mathcal D_0 = \{(a_i, v^0_i)\}$ for the stage $V \mid A$ and
 $\mathcal D_1 = \{(v^1_j, y_j)\}$ for the stage $Y \mid V$. IMPspec puts
@@ -87,7 +88,7 @@ class Intervention:
     """Interventions $do(A_S = a)$ on the columns ``columns`` of $A$ (all columns if ``None``).
 
     Columns of $A$ that are not intervened on are averaged over their empirical distribution in
-    $\\mathcal D_0$ (the back-door adjustment, Eq. (19)).
+    $\\mathcal D_0$ (the back-door adjustment, ``eq-igp-backdoor``).
     """
 
     values: torch.Tensor
@@ -126,7 +127,7 @@ class Intervention:
 
 @dataclass(frozen=True)
 class VarianceTerms:
-    """The three posterior covariance terms of Eq. (13), each ``(N, N)``."""
+    """The three posterior covariance terms of ``eq-igp-terms``, each ``(N, N)``."""
 
     v1: torch.Tensor
     v2: torch.Tensor
@@ -138,7 +139,7 @@ class VarianceTerms:
 
 
 def treatment_weights(data: FusedData, treatment: GPStage, intervention: Intervention):
-    r"""$\beta(a) = (K_A + \sigma_A^2 I)^{-1} k_A(A, a)$ and $\kappa(a, a')$ (Eq. (9))."""
+    r"""$\beta(a) = (K_A + \sigma_A^2 I)^{-1} k_A(A, a)$ and $\kappa(a, a')$ (``eq-igp-post-u``)."""
     K_qA, K_qq = intervention.kernels(treatment.kernel, data.A)
     K_A = treatment.kernel.gram(data.A)
     chol = stable_cholesky(K_A + treatment.noise * torch.eye(len(K_A), dtype=DTYPE))
@@ -159,14 +160,14 @@ def _moments(f_gram11, f_gram01, f_gram00, noise, Y, beta, kappa):
 
 def _spectral_terms(alpha, chol, norm_gram, trace, kappa):
     """$V_1 = \\kappa\\,\\alpha^\\top R \\alpha$ and $V_2 = \\kappa(\\tau - \\operatorname{tr}
-    [(K + \\sigma^2 I)^{-1} R])$ of Eq. (13)."""
+    [(K + \\sigma^2 I)^{-1} R])$ of ``eq-igp-terms``."""
     squared_norm = alpha @ norm_gram @ alpha
     residual = trace - torch.trace(torch.cholesky_solve(norm_gram, chol))
     return kappa * squared_norm, kappa * residual
 
 
 class ImpspecPosterior:
-    """IMPspec posterior of $\\theta$ on ``intervention`` (Eqs. (10), (13)).
+    """IMPspec posterior of $\\theta$ on ``intervention`` (``eq-igp-mean``, ``eq-igp-terms``).
 
     Everything but $V_1$ and $V_2$ is independent of the measure $\\nu$, so it is computed once;
     :meth:`terms` then costs one matrix $R$ per measure scale (used by the calibration).
@@ -190,7 +191,7 @@ class ImpspecPosterior:
         return data_measure(self.data.V1, scale)
 
     def terms(self, scale: float = 1.0) -> VarianceTerms:
-        """$V_1, V_2, V_3$ of Eq. (13) for the measure of the given scale."""
+        """$V_1, V_2, V_3$ of ``eq-igp-terms`` for the measure of the given scale."""
         measure = self.measure(scale)
         R = integral_operator_gram(self.outcome.kernel, measure, self.data.V1)
         tau = kernel_chain_trace(self.outcome.kernel, measure, 0)
@@ -223,9 +224,9 @@ class Moments:
 
 def bayesimp_moments(data: FusedData, outcome: GPStage, treatment: GPStage,
                      intervention: Intervention, measure: GaussianMeasure) -> Moments:
-    r"""Exact BayesIMP: $f \sim \mathcal{GP}(0, r)$ with $r = R$ (Eq. (15)).
+    r"""Exact BayesIMP: $f \sim \mathcal{GP}(0, r)$ with $r = R$ (``eq-igp-bayesimp``).
 
-    The moments are those of Eq. (13) with $k_V \to r$, $R \to S$ (the depth-3 kernel chain)
+    The moments are those of ``eq-igp-terms`` with $k_V \to r$, $R \to S$ (the depth-3 kernel chain)
     and $\tau \to \int r(u, u)\,\nu(du)$: every integral is closed form, no Monte Carlo.
     """
     beta, kappa = treatment_weights(data, treatment, intervention)
@@ -251,7 +252,7 @@ def bayesimp_code_moments(data: FusedData, outcome: GPStage, treatment: GPStage,
 
     The mean and $V_3$ are those of :func:`bayesimp_moments`. The two $\kappa$ terms replace
     the integrals by projections on $\operatorname{span}\{k(\cdot, v^1_i)\}$
-    (Eq. ``eq-bayesimp-code``): $S \approx R K^{-1} R K^{-1} R$, $\int r(u, u)\,\nu(du)
+    (Eq. ``eq-igp-bayesimp-code``): $S \approx R K^{-1} R K^{-1} R$, $\int r(u, u)\,\nu(du)
     \approx \operatorname{tr}[(K^{-1}R)^2]$ with $K = K_{11} + \text{ridge}\,I$. The norm
     term's weights are $\alpha = (K_{11} + \sigma^2 I)^{-1} y$ with ``weights="kernel"`` (the
     baseline code as stored at commit ff40a32) or $\alpha_r = (R + \sigma^2 I)^{-1} y$ with
@@ -279,7 +280,7 @@ def bayesimp_code_moments(data: FusedData, outcome: GPStage, treatment: GPStage,
 
 
 def outcome_posterior(V, Y, outcome: GPStage, X, prior_gram=None):
-    """Posterior mean and covariance of $f$ at ``X`` given $(V, Y)$ (Eq. (8)).
+    """Posterior mean and covariance of $f$ at ``X`` given $(V, Y)$ (``eq-igp-post-f``).
 
     ``prior_gram(A, B)`` is the prior kernel, ``outcome.kernel.gram`` by default.
     """

@@ -1,9 +1,10 @@
 r"""Data for the chapter: the mediator chain of the paper's ablation and a back-door problem.
 
-* :func:`mediator_chain` (Eq. (25)): $Z \sim U(0, 1)$, $V_j = \sin(c_j Z) + \epsilon_j$,
+* :func:`mediator_chain` (``eq-igp-chain``): $Z \sim U(0, 1)$, $V_j = \sin(c_j Z) + \epsilon_j$,
   $Y = \sum_j \sin(V_j) / j + \epsilon$, with noise variances proportional to the signal's. The
   interventional function is exact: $E \sin(V_j) = \sin(\sin(c_j z))\, e^{-s_j^2/2}$.
-* :func:`diabetes_backdoor` (Eq. (26)): real covariates (age, BMI, blood pressure) of the
+* :func:`diabetes_backdoor` (``eq-igp-backdoor-design``): real covariates (age, BMI, blood
+pressure) of the
   diabetes data bundled with scikit-learn confound a simulated treatment and mediator.
 
 Each problem keeps its ground truth apart from the observed data: :meth:`observed` returns only
@@ -69,7 +70,8 @@ class MediatorChain:
 
 def mediator_chain(n: int, d: int = 5, noise: float = 0.5, seed: int = 0, grid_size: int = 50,
                    low: float = 0.0, high: float = 1.0) -> MediatorChain:
-    """Simulate the mediator chain of Eq. (25) (the ``Abelation`` design of the authors' code)."""
+    """Simulate the mediator chain of ``eq-igp-chain`` (the ``Abelation`` design of the authors'
+    code)."""
     n = check_count(n, "n", 3)
     d = check_count(d, "d", 1)
     grid_size = check_count(grid_size, "grid_size", 2)
@@ -95,7 +97,7 @@ DIABETES_COLUMNS = ("age", "bmi", "bp")
 
 BACKDOOR = {"a_bmi": 0.8, "a_bp": 0.5, "sd_a": 0.6, "v_slope": 1.5, "v_bmi": 0.6,
             "v_age": -0.3, "sd_v": 0.3, "y_freq": 1.5, "y_slope": 0.4, "sd_y": 0.2}
-"""Coefficients of the back-door design, Eq. (26)."""
+"""Coefficients of the back-door design, ``eq-igp-backdoor-design``."""
 
 
 def diabetes_covariates() -> np.ndarray:
@@ -139,7 +141,7 @@ def _mediator_mean(a, W):
 
 def backdoor_effect(grid, W) -> np.ndarray:
     r"""$\frac1n \sum_i \big[\cos(\omega \mu_i)\,e^{-\omega^2 s_V^2 / 2} + b\,\mu_i\big]$ with
-    $\mu_i = \mu(a, W_i)$: the adjusted effect of Eq. (26)."""
+    $\mu_i = \mu(a, W_i)$: the adjusted effect of ``eq-igp-backdoor-design``."""
     c = BACKDOOR
     mu = _mediator_mean(np.asarray(grid, dtype=float).reshape(-1, 1), W)
     damping = np.exp(-(c["y_freq"] * c["sd_v"]) ** 2 / 2)
@@ -147,7 +149,8 @@ def backdoor_effect(grid, W) -> np.ndarray:
 
 
 def diabetes_backdoor(seed: int = 0, grid_size: int = 50, n: int | None = None) -> DiabetesBackdoor:
-    """Simulate treatment, mediator and outcome on the real diabetes covariates (Eq. (26)).
+    """Simulate treatment, mediator and outcome on the real diabetes covariates
+    (``eq-igp-backdoor-design``).
 
     ``n`` patients are drawn without replacement (all 442 by default).
     """

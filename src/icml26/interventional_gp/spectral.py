@@ -1,11 +1,12 @@
 r"""A finite spectral basis of $k_V$ in $L^2(\nu)$, and Monte Carlo draws of $\theta$ from it.
 
-The Nyström method turns $M$ draws $U \sim \nu$ into eigenpairs: if
-$K_{UU}/M = \Phi\Lambda\Phi^\top$, then $e_j(v) = k(v, U)\phi_j / (\sqrt M \lambda_j)$ is
+The Nyström method turns $P$ draws $U \sim \nu$ into eigenpairs: if
+$K_{UU}/P = \Phi\Lambda\Phi^\top$, then $e_j(v) = k(v, U)\phi_j / (\sqrt P \lambda_j)$ is
 orthonormal in the empirical $L^2(\nu)$ and
-$k(v, v') \approx \sum_{j \le J} \lambda_j e_j(v) e_j(v')$ (Eq. (4)). With $J$ coordinates the
+$k(v, v') \approx \sum_{j \le J} \lambda_j e_j(v) e_j(v')$ (``eq-igp-mercer``). With $J$
+coordinates the
 interventional process is a finite Bayesian model that can be sampled directly, which checks the
-closed-form moments of Eq. (13) without using them.
+closed-form moments of ``eq-igp-terms`` without using them.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ class SpectralBasis:
 
     def __call__(self, X) -> torch.Tensor:
         """$e_j(x)$ for every row of ``X`` and every $j$: an ``(n, J)`` matrix."""
-        M = len(self.points)
-        return self.kernel.gram(X, self.points) @ self.vectors / (M**0.5 * self.eigenvalues)
+        P = len(self.points)
+        return self.kernel.gram(X, self.points) @ self.vectors / (P**0.5 * self.eigenvalues)
 
 
 def nystrom_basis(kernel: GaussianKernel, measure: GaussianMeasure, n_points: int = 2000,
@@ -81,3 +82,26 @@ def spectral_draws(data: FusedData, outcome: GPStage, treatment: GPStage,
                                                generator=generator)
         draws[:, a] = (f * u).sum(1)
     return draws
+
+
+def gaussian_mercer_eigenvalues(n: int, lengthscale: float, outputscale: float,
+                                measure_sd: float) -> torch.Tensor:
+    r"""The first ``n`` Mercer eigenvalues of a 1-D Gaussian kernel in
+    $L^2(\mathcal N(0, \sigma^2))$.
+
+    With $a = 1/4\sigma^2$, $b = 1/2\ell^2$, $c = \sqrt{a^2 + 2ab}$ and $A = a + b + c$,
+    $\lambda_j = s^2 \sqrt{2a/A}\,(b/A)^{j}$ for $j = 0, 1, \dots$ (Rasmussen and Williams,
+    2006, section 4.3.1; the eigenfunctions are Hermite functions). They decay geometrically, and
+    sum to $\tau = s^2$ (``eq-igp-mercer``).
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    for name, value in (("lengthscale", lengthscale), ("outputscale", outputscale),
+                        ("measure_sd", measure_sd)):
+        if not (isinstance(value, (int, float)) and value > 0 and value < float("inf")):
+            raise ValueError(f"{name} must be positive and finite, got {value!r}")
+    a, b = 1 / (4 * measure_sd**2), 1 / (2 * lengthscale**2)
+    c = (a**2 + 2 * a * b) ** 0.5
+    big_a = a + b + c
+    j = torch.arange(n, dtype=DTYPE)
+    return outputscale * (2 * a / big_a) ** 0.5 * (b / big_a) ** j

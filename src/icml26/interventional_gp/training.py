@@ -1,9 +1,9 @@
-r"""Hyper-parameter learning for the two stages (chapter Eqs. (17), (18)).
+r"""Hyper-parameter learning for the two stages (chapter ``eq-igp-ml-y``, ``eq-igp-ml-a``).
 
 * $Y \mid V$: the exact GP marginal likelihood, with gpytorch's ``ExactGP``;
 * $V \mid A$: the eigenvalue-weighted sum of the marginal likelihoods of the spectral
   coordinates, $-\tfrac{\tau}{2}\log|K_A + \sigma_A^2 I| - \tfrac12\operatorname{tr}[(K_A +
-  \sigma_A^2 I)^{-1} G]$ with $G = K_{00}$ (Eq. (18));
+  \sigma_A^2 I)^{-1} G]$ with $G = K_{00}$ (``eq-igp-ml-a``);
 * BayesIMP: the marginal likelihood of $Y$ under the nuclear-dominant kernel $r$.
 
 All three use L-BFGS with a strong Wolfe line search on log-parameters.
@@ -74,7 +74,8 @@ def _lbfgs(parameters, loss_fn, max_iter: int) -> None:
 
 
 def fit_outcome_stage(V, Y, max_iter: int = 100) -> GPStage:
-    """Learn $(\\ell_V, s_V^2, \\sigma_y^2)$ by exact marginal likelihood in gpytorch (Eq. (17)).
+    """Learn $(\\ell_V, s_V^2, \\sigma_y^2)$ by exact marginal likelihood in gpytorch
+    (``eq-igp-ml-y``).
 
     Starts from the per-dimension median lengthscale, $s_V^2 = \\operatorname{Var}(Y)$ and
     $\\sigma_y^2 = 0.2\\operatorname{Var}(Y)$.
@@ -97,7 +98,8 @@ def fit_outcome_stage(V, Y, max_iter: int = 100) -> GPStage:
 
 
 def treatment_objective(A, target_gram, trace, log_lengthscale, log_outputscale, log_noise):
-    r"""Eq. (18): $-\tfrac{\tau}{2}\log|K_A + \sigma_A^2 I| - \tfrac12\operatorname{tr}[(K_A +
+    r"""``eq-igp-ml-a``:
+    $-\tfrac{\tau}{2}\log|K_A + \sigma_A^2 I| - \tfrac12\operatorname{tr}[(K_A +
     \sigma_A^2 I)^{-1} G]$, averaged over the $n_0$ rows."""
     K = torch.exp(log_outputscale) * _unit_gram(A, torch.exp(log_lengthscale))
     K = K + (torch.exp(log_noise) + NOISE_FLOOR) * torch.eye(len(A), dtype=DTYPE)
@@ -118,7 +120,7 @@ def _unit_gram(X, lengthscale):
 
 
 def fit_treatment_stage(A, target_gram, trace: float, max_iter: int = 100) -> GPStage:
-    """Learn $(\\ell_A, s_A^2, \\sigma_A^2)$ by maximising Eq. (18).
+    """Learn $(\\ell_A, s_A^2, \\sigma_A^2)$ by maximising ``eq-igp-ml-a``.
 
     ``target_gram`` is $G = K_{00} = k_V(V_0, V_0)$ and ``trace`` is $\\tau$ for IMPspec; for a
     GP on each column of $V$ (the sampling baseline) they are $V_0 V_0^\\top$ and $d$.
