@@ -89,8 +89,9 @@ def gaussian_mercer_eigenvalues(n: int, lengthscale: float, outputscale: float,
     r"""The first ``n`` Mercer eigenvalues of a 1-D Gaussian kernel in
     $L^2(\mathcal N(0, \sigma^2))$.
 
-    With $a = 1/4\sigma^2$, $b = 1/2\ell^2$, $c = \sqrt{a^2 + 2ab}$ and $A = a + b + c$,
-    $\lambda_j = s^2 \sqrt{2a/A}\,(b/A)^{j}$ for $j = 0, 1, \dots$ (Rasmussen and Williams,
+    With $\rho = 1/4\sigma^2$, $\omega = 1/2\ell^2$ and
+    $h = \rho + \omega + \sqrt{\rho^2 + 2\rho\omega}$,
+    $\lambda_j = s^2 \sqrt{2\rho/h}\,(\omega/h)^{j}$ for $j = 0, 1, \dots$ (Rasmussen and Williams,
     2006, section 4.3.1; the eigenfunctions are Hermite functions). They decay geometrically, and
     sum to $\tau = s^2$ (``eq-igp-mercer``).
     """
@@ -100,8 +101,7 @@ def gaussian_mercer_eigenvalues(n: int, lengthscale: float, outputscale: float,
                         ("measure_sd", measure_sd)):
         if not (isinstance(value, (int, float)) and value > 0 and value < float("inf")):
             raise ValueError(f"{name} must be positive and finite, got {value!r}")
-    a, b = 1 / (4 * measure_sd**2), 1 / (2 * lengthscale**2)
-    c = (a**2 + 2 * a * b) ** 0.5
-    big_a = a + b + c
+    rho, omega = 1 / (4 * measure_sd**2), 1 / (2 * lengthscale**2)
+    h = rho + omega + (rho**2 + 2 * rho * omega) ** 0.5
     j = torch.arange(n, dtype=DTYPE)
-    return outputscale * (2 * a / big_a) ** 0.5 * (b / big_a) ** j
+    return outputscale * (2 * rho / h) ** 0.5 * (omega / h) ** j
