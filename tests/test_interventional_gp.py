@@ -20,7 +20,6 @@ from icml26.interventional_gp.baselines import (
     sampling_gp_moments,
 )
 from icml26.interventional_gp.cbo import bayes_opt, causal_prior, expected_improvement
-from icml26.interventional_gp.drawing import BACKDOOR_GRAPH, draw_dag
 from icml26.interventional_gp.kernels import (
     DTYPE,
     GaussianKernel,
@@ -370,21 +369,6 @@ def test_mercer_eigenvalues_match_nystrom_and_sum_to_tau(sd):
         gaussian_mercer_eigenvalues(0, 0.6, 1.4, sd)
     with pytest.raises(ValueError):
         gaussian_mercer_eigenvalues(3, -0.6, 1.4, sd)
-
-
-def test_draw_dag_rejects_unknown_nodes_and_cuts():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots()
-    draw_dag(ax, BACKDOOR_GRAPH, cut=[("$W$", "$A$")], highlight=["$A$"])
-    with pytest.raises(ValueError, match="unknown"):
-        draw_dag(ax, BACKDOOR_GRAPH, highlight=["$Q$"])
-    with pytest.raises(ValueError, match="cut edges"):
-        draw_dag(ax, BACKDOOR_GRAPH, cut=[("$A$", "$Y$")])
-    plt.close(fig)
 
 
 # ------------------------------------------------------------------ calibration and BO

@@ -10,7 +10,9 @@ from collections.abc import Callable, Iterable
 
 import matplotlib as mpl
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.patches import Circle, FancyArrowPatch
 
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
 """Okabe-Ito colours, distinguishable under the common colour-vision deficiencies."""
@@ -89,3 +91,44 @@ def explore(function: Callable, **controls):
 
     interact(function, **controls)  # displays the controls and the live output itself
     return None
+
+
+DAG_NODE_RADIUS = 0.32
+"""Radius of a node in :func:`draw_dag`, in data units (nodes sit about 1.6 apart)."""
+
+
+def draw_dag(ax, graph, cut=(), highlight=(), title: str | None = None) -> None:
+    """Draw a causal graph (DAG) on ``ax``: circles with labels, arrows between their rims.
+
+    ``graph`` is ``{"nodes": {label: (x, y)}, "edges": [(parent, child), ...]}``. Edges in
+    ``cut`` (those an intervention removes) are dashed grey; nodes in ``highlight`` are filled.
+    """
+    nodes, edges = graph["nodes"], list(graph["edges"])
+    unknown = {n for edge in [*edges, *cut] for n in edge} - set(nodes)
+    unknown |= set(highlight) - set(nodes)
+    if unknown:
+        raise ValueError(f"edges or highlights name unknown nodes: {sorted(unknown)}")
+    if set(cut) - set(edges):
+        raise ValueError(f"cut edges must be edges of the graph: {sorted(set(cut) - set(edges))}")
+    for label, (x, y) in nodes.items():
+        filled = label in highlight
+        ax.add_patch(Circle((x, y), DAG_NODE_RADIUS, facecolor=PALETTE[0] if filled else "white",
+                            edgecolor=PALETTE[0], linewidth=1.5, zorder=2))
+        ax.text(x, y, label, ha="center", va="center", zorder=3,
+                color="white" if filled else "black", fontsize=11)
+    for parent, child in edges:
+        start, end = np.asarray(nodes[parent], float), np.asarray(nodes[child], float)
+        unit = (end - start) / np.linalg.norm(end - start)
+        is_cut = (parent, child) in cut
+        ax.add_patch(FancyArrowPatch(tuple(start + DAG_NODE_RADIUS * unit),
+                                     tuple(end - DAG_NODE_RADIUS * unit),
+                                     arrowstyle="-|>", mutation_scale=12, linewidth=1.3,
+                                     color="0.6" if is_cut else "black",
+                                     linestyle="--" if is_cut else "-", zorder=1))
+    xs, ys = zip(*nodes.values(), strict=True)
+    ax.set_xlim(min(xs) - 0.6, max(xs) + 0.6)
+    ax.set_ylim(min(ys) - 0.6, max(ys) + 0.6)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    if title:
+        ax.set_title(title, fontsize=10)

@@ -9,7 +9,7 @@
 * :mod:`.spectral`: a Nyström basis of $k_V$ in $L^2(\\nu)$ and Monte Carlo draws of $\\theta$;
 * :mod:`.baselines`: the sampling-GP baseline; :mod:`.cbo`: expected improvement and causal BO;
 * :mod:`.simulators`: the mediator chain and the diabetes back-door problem;
-* :mod:`.drawing`: the small causal graphs (DAGs) of the chapter's settings;
+* :mod:`.drawing`: the chapter's settings as causal graphs (DAGs);
 * :mod:`.experiments`: fitting all methods, evaluation, seed studies.
 """
 
@@ -24,7 +24,7 @@ from .calibration import (
     interval_hits,
 )
 from .cbo import BOTrace, bayes_opt, causal_prior, expected_improvement, gp_posterior_on_grid
-from .drawing import BACKDOOR_GRAPH, BENCHMARK_CHAIN, MEDIATOR_CHAIN, draw_dag
+from .drawing import BACKDOOR_GRAPH, BENCHMARK_CHAIN, MEDIATOR_CHAIN
 from .experiments import (
     LABELS,
     METHODS,
@@ -88,7 +88,7 @@ __all__ = [
     "METHODS", "MediatorChain", "Metrics", "Moments", "SCALES", "SeedResult", "SpectralBasis",
     "StudySummary", "VarianceTerms", "backdoor_effect", "bayes_opt", "bayesimp_code_moments",
     "bayesimp_moments", "calibrate_measure_scale", "calibration_score", "causal_prior",
-    "chain_effect", "coverage_curve", "data_measure", "diabetes_backdoor", "draw_dag", "evaluate",
+    "chain_effect", "coverage_curve", "data_measure", "diabetes_backdoor", "evaluate",
     "expected_improvement", "fit_bayesimp", "fit_bayesimp_outcome", "fit_impspec", "fit_methods",
     "fit_outcome_stage", "fit_sampling_stage", "fit_treatment_stage",
     "gaussian_mercer_eigenvalues", "gp_posterior_on_grid", "integral_operator_gram",
