@@ -21,6 +21,7 @@ from icml26.toolchain.chapters import ROOT
 
 SLUG = "mod-test"
 TIMEOUT_MS = 240_000  # the first kernel start imports torch; generous on a loaded machine
+QUEUE_WAIT_MS, QUEUE_ATTEMPTS = 10_000, 6
 
 
 def _free_port() -> int:
@@ -74,6 +75,30 @@ def lab_server(tmp_path_factory):
         log.close()
 
 
+def _selected_prompt_matches(page, pattern: str, timeout_ms: int) -> None:
+    page.wait_for_function(
+        "pattern => new RegExp(pattern).test(document.querySelector('.jp-NotebookPanel "
+        ".jp-Cell.jp-mod-selected .jp-InputPrompt')?.textContent ?? '')",
+        arg=pattern, timeout=timeout_ms)
+
+
+def _run_selected_cell(page, timeout_error: type[Exception]) -> None:
+    """Ctrl+Enter on the selected cell, then wait for its own prompt to show a number.
+
+    A keystroke sent while the freshly opened notebook is still wiring its kernel can be dropped
+    (the prompt stays `[ ]`), so the key is pressed again until the cell is queued or running."""
+    for _ in range(QUEUE_ATTEMPTS):
+        page.keyboard.press("Control+Enter")  # runs the selected cell, keeps it selected
+        try:
+            _selected_prompt_matches(page, r"\[(\*|\d+)\]", QUEUE_WAIT_MS)
+            break
+        except timeout_error:
+            continue
+    else:
+        pytest.fail(f"the selected cell was not queued after {QUEUE_ATTEMPTS} Ctrl+Enter")
+    _selected_prompt_matches(page, r"\[\d+\]", TIMEOUT_MS)
+
+
 def test_chapter_opens_runs_and_saves_without_outputs(lab_server):
     if not CHROMIUM:
         pytest.skip("Chromium not found at /usr/bin/chromium or on PATH")
@@ -93,17 +118,18 @@ def test_chapter_opens_runs_and_saves_without_outputs(lab_server):
             code_cells.nth(0).locator(".jp-InputArea-editor").click()
             page.keyboard.press("Escape")
             for _ in range(2):  # the parameters cell, then the setup cell
-                page.keyboard.press("Control+Enter")
-                page.wait_for_function(
-                    "() => [...document.querySelectorAll('.jp-NotebookPanel .jp-CodeCell "
-                    ".jp-InputPrompt')].some(p => /\\[\\d+\\]/.test(p.textContent))")
+                _run_selected_cell(page, sync_api.TimeoutError)
                 page.keyboard.press("j")  # next cell
                 while "jp-CodeCell" not in (page.locator(".jp-Cell.jp-mod-selected")
                                             .first.get_attribute("class") or ""):
                     page.keyboard.press("j")
-            output = code_cells.nth(1).locator(".jp-OutputArea-output")
-            output.first.wait_for()
-            shown = output.first.inner_text()
+            # an output node is attached before its text renders: wait for the text itself
+            page.wait_for_function(
+                "() => { const cell = document.querySelectorAll('.jp-NotebookPanel "
+                ".jp-CodeCell')[1]; return [...cell.querySelectorAll('.jp-OutputArea-output')]"
+                ".some(o => o.innerText.trim()); }")
+            outputs = code_cells.nth(1).locator(".jp-OutputArea-output")
+            shown = next((text for text in outputs.all_inner_texts() if text.strip()), "")
             assert shown.strip(), "the setup cell showed no output"
             page.keyboard.press("Control+s")
             page.wait_for_function(
