@@ -19,7 +19,7 @@ from icml26.interventional_gp.baselines import (
     sampling_gp_inner_sweep,
     sampling_gp_moments,
 )
-from icml26.interventional_gp.cbo import bayes_opt, causal_prior, expected_improvement
+from icml26.interventional_gp.cbo import BOTrace, bayes_opt, causal_prior, expected_improvement
 from icml26.interventional_gp.kernels import (
     DTYPE,
     GaussianKernel,
@@ -372,6 +372,21 @@ def test_mercer_eigenvalues_match_nystrom_and_sum_to_tau(sd):
 
 
 # ------------------------------------------------------------------ calibration and BO
+
+
+def test_summarise_means_and_standard_errors_match_scipy():
+    rng = np.random.default_rng(3)
+    coverages = rng.uniform(size=(5, 7))
+    results = [ex.SeedResult(seed, {"m": ex.Metrics(0.1 * seed, cov, float(cov.mean()))}, 1.0,
+                             {"causal": BOTrace(np.arange(3), rng.uniform(size=3))}, {"fit": 1.0})
+               for seed, cov in enumerate(coverages)]
+    summary = ex.summarise(results)
+    np.testing.assert_allclose(summary.coverage["m"], coverages.mean(0))
+    np.testing.assert_allclose(summary.coverage_se["m"], stats.sem(coverages, axis=0))
+    assert summary.score_se["m"] == pytest.approx(stats.sem(coverages.mean(1)))
+    assert np.isnan(ex.summarise(results[:1]).coverage_se["m"]).all()
+    with pytest.raises(ValueError, match="no seeds"):
+        ex.summarise([])
 
 
 def test_coverage_and_score_on_a_known_gaussian():

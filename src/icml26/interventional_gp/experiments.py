@@ -219,6 +219,7 @@ class StudySummary:
     score: dict[str, float]
     score_se: dict[str, float]
     coverage: dict[str, np.ndarray]
+    coverage_se: dict[str, np.ndarray]
     regret: dict[str, np.ndarray]
     scales: list[float]
     seconds: dict[str, float]
@@ -234,7 +235,8 @@ def run_study(seeds, **options) -> list[SeedResult]:
 
 
 def summarise(results: list[SeedResult]) -> StudySummary:
-    """Mean RMSE, calibration score (with its standard error), coverage and regret curves."""
+    """Mean RMSE, calibration score and coverage curve (each with its standard error over the
+    seeds), and regret curves."""
     if not results:
         raise ValueError("no seeds to summarise")
     names = list(results[0].metrics)
@@ -242,14 +244,19 @@ def summarise(results: list[SeedResult]) -> StudySummary:
     def per_seed(name, attr):
         return np.array([getattr(r.metrics[name], attr) for r in results])
 
+    def standard_error(values):
+        if len(values) < 2:
+            return np.full(values.shape[1:], np.nan)
+        return values.std(axis=0, ddof=1) / np.sqrt(len(values))
+
     scores = {name: per_seed(name, "score") for name in names}
+    coverages = {name: per_seed(name, "coverage") for name in names}
     return StudySummary(
         rmse={name: float(per_seed(name, "rmse").mean()) for name in names},
         score={name: float(s.mean()) for name, s in scores.items()},
-        score_se={name: float(s.std(ddof=1) / np.sqrt(len(s))) if len(s) > 1 else float("nan")
-                  for name, s in scores.items()},
-        coverage={name: np.mean([r.metrics[name].coverage for r in results], 0)
-                  for name in names},
+        score_se={name: float(standard_error(s)) for name, s in scores.items()},
+        coverage={name: c.mean(axis=0) for name, c in coverages.items()},
+        coverage_se={name: standard_error(c) for name, c in coverages.items()},
         regret={kind: np.mean([r.bo[kind].regret for r in results], 0)
                 for kind in results[0].bo},
         scales=[r.scale for r in results],
