@@ -17,7 +17,18 @@ PARAMETERS = "```{code-cell} ipython3\n:tags: [parameters]\nTIER = 'smoke'\nSEED
 CLAIMS = """```{code-cell} ipython3
 from icml26.claims import ClaimsCheck, threshold
 claims = ClaimsCheck(enforce=False)
-claims.paper("SEED is small", threshold(SEED, "<", 100))
+claims.paper("SEED is small", threshold(SEED, "<", 100), expect="reproduced")
+claims.show()
+```
+"""
+# A claim enforced at every tier whose verdict is off the expected one.
+OFF_CLAIM = """```{code-cell} ipython3
+from icml26.claims import ClaimsCheck, paired_comparison, threshold
+claims = ClaimsCheck(enforce=True)
+claims.paper("the seed is huge", threshold(SEED, ">", 100), expect="reproduced")
+claims.finding("A beats B", paired_comparison([3, 4, 5, 4], [1, 2, 2.5, 2]),
+               expect="reproduced")
+claims.verification("an identity", threshold(0.0, "==", 0.0))
 claims.show()
 ```
 """
@@ -99,7 +110,7 @@ def test_a_failing_chapter_does_not_stop_the_build(small_book, tmp_path):
     assert len(executed) == 2, lines  # alpha and gamma both ran
     assert any("broken: FAILED" in ln for ln in lines)
     table = next(ln for ln in lines if ln.startswith("| chapter"))
-    assert "FAILED: cell 3 of the source" in table
+    assert "**FAILED**" in table and "broken](../chapters/broken): cell 3 of the source" in table
     html = out / "_build" / "html" / "book" / "chapters"
     assert "failed to execute" in (html / "broken.html").read_text()
     assert "deliberately broken" in (html / "broken.html").read_text()
@@ -110,6 +121,27 @@ def test_a_failing_chapter_does_not_stop_the_build(small_book, tmp_path):
     lines, _ = _build(small_book, out, jobs=1)
     assert sum("(cache)" in ln for ln in lines) == 2
     assert any("broken: FAILED" in ln for ln in lines)
+
+
+def test_an_unexpected_verdict_renders_and_only_the_strict_build_fails(small_book, tmp_path):
+    chapters = small_book / "book" / "chapters"
+    (chapters / "broken.md").write_text(_chapter("Off", OFF_CLAIM))
+    out = tmp_path / "out"
+    lines: list[str] = []
+    records = pipeline.build("smoke", 0, out_root=out, root=small_book, report=lines.append,
+                             jobs=1)
+    assert not any(r.error for r in records)
+    listed = next(ln for ln in lines if ln.startswith("claims not as expected"))
+    assert "broken: unexpected contradicted (expected reproduced): the seed is huge" in listed
+    assert "A beats B" not in listed
+    page = (out / "_build" / "html" / "book" / "chapters" / "broken.html").read_text()
+    assert "the seed is huge" in page and "UNEXPECTED" in page
+    status = (out / "_build" / "html" / "book" / "appendix" / "status.html").read_text()
+    assert "Unexpected verdicts" in status and "the seed is huge" in status
+    assert cli.main(["claims", "--out-root", str(out)]) == 0
+    with pytest.raises(pipeline.PipelineError, match="--strict-claims: 1 claims"):
+        pipeline.build("smoke", 0, out_root=out, root=small_book, report=lines.append, jobs=1,
+                       strict_claims=True)
 
 
 def test_parallel_jobs_give_the_same_book(small_book, tmp_path):

@@ -144,27 +144,47 @@ def test_cli_list_shows_every_chapter(capsys):
     assert all(c.slug in out for c in pipeline.chapters())
 
 
-def test_ledger_renders_rows_by_kind():
+def test_ledger_renders_a_summary_forest_plots_and_rows(tmp_path):
     from icml26.toolchain import ledger
 
+    interval = {"estimate": 0.25, "lower": 0.1, "upper": 0.4, "margin": 0.0,
+                "smallest_effect": 0.0}
     rows = [
-        {"kind": "paper", "statement": "A | B beats C", "numbers": {"A - C": 0.25, "s.e.": 0.05},
-         "holds": True, "verdict": "reproduced", "expected": True},
-        {"kind": "finding", "statement": "D is noisy", "numbers": {"x": 1.0}, "holds": False,
-         "verdict": "does not hold", "expected": None},
-        {"kind": "verification", "statement": "identity", "numbers": {"value": 0.0},
-         "holds": True, "verdict": "holds", "expected": True},
+        {"kind": "paper", "statement": "A | B beats C", "numbers": {"estimate": 0.25, "mde": 0.2},
+         "verdict": "reproduced", "expected": "reproduced", "fragile": False,
+         "underpowered": False, "unexpected": False, "interval": interval},
+        {"kind": "finding", "statement": "D is noisy", "numbers": {"estimate": 1.0},
+         "verdict": "inconclusive", "expected": None, "fragile": True, "underpowered": True,
+         "unexpected": False, "interval": dict(interval, lower=-0.1)},
+        {"kind": "paper", "statement": "E beats F", "numbers": {"estimate": -1.0},
+         "verdict": "contradicted", "expected": "reproduced", "fragile": False,
+         "underpowered": False, "unexpected": True},
+        {"kind": "verification", "statement": "identity", "numbers": {"estimate": 0.0},
+         "verdict": "holds", "expected": None, "fragile": False, "underpowered": False,
+         "unexpected": False},
     ]
-    book = {"demo": {"title": "Demo chapter", "tier": "book", "seed": 0, "rows": rows}}
-    page = ledger.ledger_markdown(book)
-    assert "## [Demo chapter](../chapters/demo)" in page
-    assert "1 paper claims, 1 findings, 1 verifications (1 hold)" in page
-    assert "A \\| B beats C" in page and "A - C = 0.25" in page
-    assert "does not hold (reported, not asserted)" in page
+    book = {"demo": {"title": "Demo chapter", "tier": "book", "seed": 0, "rows": rows},
+            "gone": {"title": "Gone", "tier": "book", "seed": 0, "rows": [],
+                     "error": "cell 3 raised ValueError"}}
+    assert ledger.count_verdicts(rows) == {"reproduced": 1, "contradicted": 1, "inconclusive": 1,
+                                           "underpowered": 1, "fragile": 1, "unexpected": 1}
+    assert ledger.book_counts(book)["claims"] == 3
+    plots = ledger.write_forest_plots(book, tmp_path)
+    assert plots == {"demo": "demo.png"} and (tmp_path / ledger.FOREST_DIR / "demo.png").exists()
+    page = ledger.ledger_markdown(book, plots)
+    assert page.index("| chapter | reproduced") < page.index("## [Demo chapter]")
+    assert "| **book** | **1** | **1** | **1** | **1** | **1** | **1** |" in page
+    assert "2 paper claims, 1 findings, 1 verifications (1 hold)" in page
+    assert "```{figure} _ledger/demo.png" in page
+    assert "A \\| B beats C" in page
+    assert "inconclusive (fragile, underpowered, not asserted)" in page
+    assert "contradicted (unexpected (expected reproduced))" in page
+    assert "**Failed** at tier book, seed 0: cell 3 raised ValueError" in page
     assert "identity" not in page  # verifications are counted, not listed
-    assert ledger.count_kinds(rows) == {"verification": 1, "paper": 1, "finding": 1}
     text = ledger.ledger_text(book)
     assert "[paper] reproduced: A | B beats C" in text and "identity" not in text
+    assert "gone" in text and "FAILED: cell 3 raised ValueError" in text
+    assert ledger.substitutions(book)["ledger_reproduced"] == "1"
 
 
 def test_cli_claims_without_a_build_says_so(tmp_path, capsys):

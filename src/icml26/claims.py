@@ -1,35 +1,46 @@
-"""Claims that can fail: paired comparisons, exact rate checks, and one table per chapter.
+"""Claims that can fail, with three verdicts: reproduced, contradicted or inconclusive.
 
 Every check a chapter displays has a **kind**:
 
 * ``verification``: an identity, a closed form against Monte Carlo, our code against a library.
-  It can fail only through a bug, so it is always enforced.
+  It can fail only through a bug (or, for a statistical check, by a chance of at most
+  :data:`VERIFICATION_LEVEL`), so its verdict is ``holds`` or ``fails`` and a failure always stops
+  the chapter.
 * ``paper``: a claim of the paper, tested on our runs.
 * ``finding``: our own result, where it disagrees with the paper or adds to it.
 
-The evidence behind a check is one of three objects, each computed by a function of this module
-and each showing every number behind its verdict:
+Paper claims and findings get one of :data:`VERDICTS`, each from a confidence interval under one
+rule for the book: a two-sided interval at level :data:`LEVEL` (each one-sided bound at 97.5%).
 
-* :func:`paired_comparison`: two methods on the same seeds, data sets or replicates. The claim
-  "A beats B by more than ``margin``" holds when the mean paired difference exceeds the margin by
-  ``z`` standard errors. :data:`Z_RULE` is the one multiplier of the whole book.
-* :func:`rate_family`: sizes or coverages against a nominal rate, as a family. Each rate gets an
-  exact one-sided binomial test; Holm's (or Bonferroni's) correction keeps the chance that a
-  correct family fails anywhere at most ``level``.
-* :func:`threshold`: a plain inequality, for quantities without seed noise (exact values,
-  identities, errors against a closed form).
+* :func:`paired_comparison`: "A beats B by more than ``margin``", from the Student-t interval of the
+  mean paired difference (``n - 1`` degrees of freedom). Reproduced when the interval lies above
+  the margin, contradicted when it lies below ``smallest_effect`` (the smallest effect the claim is
+  about, stated in advance; default the margin), inconclusive otherwise. A negative margin states
+  non-inferiority; ``direction="equivalent"`` states "A and B agree within +-margin" (two one-sided
+  tests: reproduced when the interval lies inside, contradicted when it lies outside).
+* :func:`rate_claim`: "the rate is at most (at least) p", from the exact Clopper-Pearson interval,
+  with the burden of proof on the claim.
+* :func:`rate_family`: sizes or coverages checked as a family of exact binomial tests with Holm's
+  correction at family-wise level :data:`VERIFICATION_LEVEL`: the burden of proof on a violation,
+  right for checking that a procedure is valid, wrong for a paper's claim that a rate is low.
+* :func:`threshold`: a plain inequality, for quantities without seed noise.
 
-A chapter's claims check collects them in a :class:`ClaimsCheck` and shows one table::
+Every interval also gives the **minimal detectable effect** of its design (the smallest true effect
+reproduced with probability :data:`POWER`) and a **fragile** flag: the verdict would change if the
+estimate moved by :data:`FRAGILE_SHIFT` standard errors. With ``paper_effect=`` (the paper's own
+effect) a row is **underpowered** when the design cannot detect an effect of the paper's size.
+
+A chapter collects its rows in a :class:`ClaimsCheck` and shows one table::
 
     claims = ClaimsCheck(enforce=TIER != "smoke")
     claims.paper("MOD beats MMD under a scale shift",
-                 paired_comparison(power_mod, power_mmd, names=("MOD", "MMD"), margin=0.1))
-    claims.finding("MMD beats MOD under a location shift",
-                   paired_comparison(power_mmd_loc, power_mod_loc, names=("MMD", "MOD")))
+                 paired_comparison(power_mod, power_mmd, names=("MOD", "MMD"), margin=0.1),
+                 expect="reproduced")
     claims.show()
 
-The table's output metadata (key :data:`CLAIMS_METADATA_KEY`) carries each row's kind,
-statement, numbers and verdict; the build gathers them into the book's "What reproduced" page.
+A verdict other than ``expect`` does not stop the chapter: the table marks it *unexpected* and the
+build lists it (``icml26 build --strict-claims`` fails on it). The table's output metadata (key
+:data:`CLAIMS_METADATA_KEY`) carries every row; the build gathers them into the ledger.
 """
 
 from __future__ import annotations
@@ -42,16 +53,25 @@ from dataclasses import dataclass, field
 from html import escape
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 KINDS = ("verification", "paper", "finding")
 """The kinds of check, in the order the ledger lists them."""
 
-Z_RULE = 2.0
-"""Standard errors by which a paired difference must clear its margin: one rule for the book."""
+VERDICTS = ("reproduced", "contradicted", "inconclusive")
+"""The verdicts of a paper claim or a finding."""
 
-FAMILY_LEVEL = 0.05
-"""Family-wise level of :func:`rate_family`: a correct family fails with at most this chance."""
+LEVEL = 0.05
+"""Two-sided level of every interval behind a verdict: one rule for the book."""
+
+VERIFICATION_LEVEL = 0.001
+"""Family-wise level of a statistical verification: a correct chapter fails on one seed in 1000."""
+
+POWER = 0.8
+"""Power at which the minimal detectable effect is quoted."""
+
+FRAGILE_SHIFT = 0.5
+"""A verdict is fragile when moving the estimate by this many standard errors would change it."""
 
 CLAIMS_METADATA_KEY = "icml26_claims"
 """Output-metadata key under which a displayed check carries its rows (read by the build)."""
@@ -60,10 +80,11 @@ _OPERATORS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": opera
               "==": operator.eq}
 _SIDES = {"at_most": "greater", "at_least": "less"}  # claim side -> binomial alternative
 _CORRECTIONS = ("holm", "bonferroni")
+_DIRECTIONS = ("greater", "less", "equivalent")
 
 
 class ClaimError(AssertionError):
-    """An enforced check did not have the expected verdict; the message shows the numbers."""
+    """A verification failed; the message shows the numbers."""
 
 
 def _real(value, name: str) -> float:
@@ -75,63 +96,201 @@ def _real(value, name: str) -> float:
     return value
 
 
+def _finite(value, name: str) -> float:
+    value = _real(value, name)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return value
+
+
+def _check_level(level: float) -> float:
+    level = _real(level, "level")
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    return level
+
+
 def _format(value: float) -> str:
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return str(int(value))
     return f"{float(value):.4g}"
 
 
-# --- Evidence -------------------------------------------------------------------------------
+def _interval_verdict(lower: float, upper: float, margin: float, smallest: float) -> str:
+    """The claim "effect > margin" from an interval of the effect (eq-claims-verdict)."""
+    if lower > margin:
+        return "reproduced"
+    if upper < smallest:
+        return "contradicted"
+    return "inconclusive"
+
+
+def _equivalence_verdict(lower: float, upper: float, bound: float) -> str:
+    """The claim "|effect| < bound": inside is reproduced, wholly outside is contradicted."""
+    if -bound < lower and upper < bound:
+        return "reproduced"
+    if lower >= bound or upper <= -bound:
+        return "contradicted"
+    return "inconclusive"
+
+
+# --- Paired comparisons ---------------------------------------------------------------------
+
+
+def t_critical(pairs: int, level: float = LEVEL) -> float:
+    """The Student-t quantile ``t_{1 - level/2, pairs - 1}`` behind every paired interval."""
+    return float(stats.t.ppf(1 - level / 2, pairs - 1))
+
+
+def detectable_noncentrality(pairs: int, level: float = LEVEL, power: float = POWER) -> float:
+    """The noncentrality ``delta`` at which the one-sided t test at ``level / 2`` has ``power``.
+
+    The minimal detectable effect of a paired design is ``delta * se`` above its margin: a true
+    effect that large is reproduced with probability ``power`` (exactly, for normal differences
+    with standard error ``se``; the noncentral t, not the normal approximation).
+    """
+    df, critical = pairs - 1, t_critical(pairs, level)
+
+    def gap(delta: float) -> float:
+        return float(stats.nct.sf(critical, df, delta)) - power
+
+    return float(optimize.brentq(gap, 0.0, critical + 50.0 * (1 + stats.t.ppf(power, df))))
 
 
 @dataclass(frozen=True)
 class PairedComparison:
-    """Mean paired difference of two methods, its standard error, and the verdict of the rule."""
+    """Mean paired difference of two methods, its Student-t interval, and the verdict.
+
+    The **effect** is the difference in the claim's direction: ``mean(A - B)`` for ``greater`` and
+    ``equivalent``, ``mean(B - A)`` for ``less``; ``lower`` and ``upper`` bound the effect.
+    """
 
     names: tuple[str, str]
     mean_a: float
     mean_b: float
-    mean_difference: float
+    mean_difference: float  # mean(A - B), whatever the direction
     standard_error: float
     pairs: int
     margin: float
-    z: float
+    smallest_effect: float
     direction: str
-    holds: bool
+    level: float = LEVEL
+    paper_effect: float | None = None
+
+    @property
+    def effect(self) -> float:
+        return -self.mean_difference if self.direction == "less" else self.mean_difference
+
+    @property
+    def critical(self) -> float:
+        return t_critical(self.pairs, self.level)
+
+    @property
+    def lower(self) -> float:
+        return self.effect - self.critical * self.standard_error
+
+    @property
+    def upper(self) -> float:
+        return self.effect + self.critical * self.standard_error
+
+    def verdict_at(self, effect: float) -> str:
+        """The verdict an estimate ``effect`` would get with this design's interval width."""
+        half = self.critical * self.standard_error
+        if self.direction == "equivalent":
+            return _equivalence_verdict(effect - half, effect + half, self.margin)
+        return _interval_verdict(effect - half, effect + half, self.margin, self.smallest_effect)
+
+    @property
+    def verdict(self) -> str:
+        return self.verdict_at(self.effect)
+
+    @property
+    def holds(self) -> bool:
+        return self.verdict == "reproduced"
+
+    @property
+    def fragile(self) -> bool:
+        shift = FRAGILE_SHIFT * self.standard_error
+        return any(self.verdict_at(self.effect + s) != self.verdict for s in (-shift, shift))
+
+    @property
+    def mde(self) -> float:
+        """Minimal detectable effect: the smallest true effect reproduced with :data:`POWER`.
+
+        For an equivalence claim, the smallest bound shown with that power when A and B agree
+        exactly (normal approximation, both one-sided tests).
+        """
+        if self.direction == "equivalent":
+            return (self.critical + float(stats.t.ppf(1 - (1 - POWER) / 2, self.pairs - 1))) \
+                * self.standard_error
+        return self.margin + detectable_noncentrality(self.pairs, self.level) * self.standard_error
+
+    @property
+    def underpowered(self) -> bool:
+        if self.paper_effect is None:
+            return False
+        if self.direction == "equivalent":
+            return self.mde > self.margin
+        return self.mde > self.paper_effect
 
     def numbers(self) -> dict[str, float]:
         a, b = self.names
-        return {f"mean {a}": self.mean_a, f"mean {b}": self.mean_b,
-                f"{a} - {b}": self.mean_difference, "s.e.": self.standard_error,
-                "pairs": self.pairs, "margin": self.margin, "z": self.z}
+        shown = {"estimate": self.effect, "lower": self.lower, "upper": self.upper,
+                 "pairs": self.pairs, "s.e.": self.standard_error, "mde": self.mde,
+                 f"mean {a}": self.mean_a, f"mean {b}": self.mean_b}
+        if self.direction != "equivalent":
+            shown["margin"] = self.margin
+            if self.smallest_effect != self.margin:
+                shown["smallest effect"] = self.smallest_effect
+        else:
+            shown["bound"] = self.margin
+        if self.paper_effect is not None:
+            shown["paper_effect"] = self.paper_effect
+        return shown
 
     def rule(self) -> str:
         a, b = self.names
-        bound = f"{self.margin:g} + {self.z:g} s.e." if self.margin else f"{self.z:g} s.e."
-        if self.direction == "greater":
-            return f"mean({a} - {b}) > {bound}"
-        return f"mean({a} - {b}) < -({bound})" if self.margin else f"mean({a} - {b}) < -{bound}"
+        effect = f"mean({b} - {a})" if self.direction == "less" else f"mean({a} - {b})"
+        interval = f"{100 * (1 - self.level):g}% t interval of {effect}"
+        if self.direction == "equivalent":
+            return f"{interval} inside (-{self.margin:g}, {self.margin:g})"
+        rule = f"{interval} above {self.margin:g}"
+        if self.smallest_effect != self.margin:
+            rule += f"; contradicted below {self.smallest_effect:g}"
+        return rule
+
+    def plot_interval(self) -> dict[str, float]:
+        """The effect, its interval and the reference lines a forest plot draws."""
+        return {"estimate": self.effect, "lower": self.lower, "upper": self.upper,
+                "margin": self.margin if self.direction != "equivalent" else -self.margin,
+                "smallest_effect": (self.smallest_effect if self.direction != "equivalent"
+                                    else self.margin)}
 
 
 def paired_comparison(
     a: Sequence[float], b: Sequence[float], *, names: tuple[str, str] = ("A", "B"),
-    direction: str = "greater", margin: float = 0.0, z: float = Z_RULE,
+    direction: str = "greater", margin: float = 0.0, smallest_effect: float | None = None,
+    paper_effect: float | None = None, level: float = LEVEL,
 ) -> PairedComparison:
-    """Compare two methods measured on the same seeds, data sets or replicates.
+    """Compare two methods measured on the same seeds, data sets or replicates (eq-claims-t).
 
-    With ``d_i = a_i - b_i``, ``direction="greater"`` holds when ``mean(d) - margin > z * se``
-    and ``direction="less"`` when ``mean(d) + margin < -z * se``, where ``se = sd(d) / sqrt(n)``
-    (sample standard deviation, ``n - 1`` degrees of freedom). A negative margin states
-    non-inferiority ("A is at most |margin| worse than B"). When every difference is the same,
-    ``se`` is zero and the verdict is the plain inequality.
+    With ``d_i = a_i - b_i``, the effect is ``mean(d)`` (``direction="greater"``: "A beats B by
+    more than ``margin``") or ``-mean(d)`` (``"less"``: "A is below B by more than ``margin``"),
+    and its interval is ``effect +- t_{1 - level/2, n-1} sd(d) / sqrt(n)``. A negative margin states
+    non-inferiority ("A is at most |margin| worse than B"). ``direction="equivalent"`` states
+    ``|mean(d)| < margin``. ``smallest_effect`` (at least the margin) is the effect below which the
+    claim is contradicted; ``paper_effect`` the paper's own effect in the claim's direction.
     """
-    if direction not in ("greater", "less"):
-        raise ValueError(f"direction must be 'greater' or 'less', got {direction!r}")
-    margin, z = _real(margin, "margin"), _real(z, "z")
-    if not math.isfinite(margin):
-        raise ValueError(f"margin must be finite, got {margin}")
-    if not math.isfinite(z) or z < 0:
-        raise ValueError(f"z must be a non-negative number, got {z}")
+    if direction not in _DIRECTIONS:
+        raise ValueError(f"direction must be one of {', '.join(_DIRECTIONS)}, got {direction!r}")
+    margin, level = _finite(margin, "margin"), _check_level(level)
+    smallest = margin if smallest_effect is None else _finite(smallest_effect, "smallest_effect")
+    if smallest < margin:
+        raise ValueError(f"smallest_effect ({smallest}) must be at least the margin ({margin})")
+    if direction == "equivalent" and (margin <= 0 or smallest_effect is not None):
+        raise ValueError("an equivalence claim needs a positive margin (its bound) and no "
+                         "smallest_effect")
+    paper = None if paper_effect is None else _finite(paper_effect, "paper_effect")
     if len(names) != 2 or not all(isinstance(n, str) for n in names):
         raise TypeError("names must be a pair of strings")
     a_arr = np.asarray(a, dtype=float).ravel()
@@ -143,14 +302,141 @@ def paired_comparison(
     if not (np.all(np.isfinite(a_arr)) and np.all(np.isfinite(b_arr))):
         raise ValueError("paired samples contain NaN or infinite values")
     diff = a_arr - b_arr
-    mean = float(diff.mean())
     se = float(diff.std(ddof=1) / math.sqrt(diff.size))
-    if direction == "greater":
-        holds = mean - margin > z * se if se > 0 else mean - margin > 0
-    else:
-        holds = mean + margin < -z * se if se > 0 else mean + margin < 0
-    return PairedComparison(tuple(names), float(a_arr.mean()), float(b_arr.mean()), mean, se,
-                            int(diff.size), margin, z, direction, bool(holds))
+    return PairedComparison(tuple(names), float(a_arr.mean()), float(b_arr.mean()),
+                            float(diff.mean()), se, int(diff.size), margin, smallest, direction,
+                            level, paper)
+
+
+# --- Rates as claims ------------------------------------------------------------------------
+
+
+def clopper_pearson(successes: float, trials: int, level: float = LEVEL) -> tuple[float, float]:
+    """The exact two-sided interval of a binomial rate (``successes`` may be fractional)."""
+    lower = 0.0 if successes <= 0 else float(stats.beta.ppf(level / 2, successes,
+                                                            trials - successes + 1))
+    upper = 1.0 if successes >= trials else float(stats.beta.ppf(1 - level / 2, successes + 1,
+                                                                 trials - successes))
+    return lower, upper
+
+
+@dataclass(frozen=True)
+class RateClaim:
+    """A rate claimed to be at most (or at least) ``bound``, with its Clopper-Pearson interval."""
+
+    name: str
+    successes: int
+    trials: int
+    bound: float
+    side: str
+    level: float = LEVEL
+    paper_effect: float | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.successes / self.trials
+
+    def _verdict_for(self, successes: float) -> str:
+        lower, upper = clopper_pearson(successes, self.trials, self.level)
+        effect_lower, effect_upper = ((self.bound - upper, self.bound - lower)
+                                      if self.side == "at_most"
+                                      else (lower - self.bound, upper - self.bound))
+        return _interval_verdict(effect_lower, effect_upper, 0.0, 0.0)
+
+    @property
+    def verdict(self) -> str:
+        return self._verdict_for(self.successes)
+
+    @property
+    def holds(self) -> bool:
+        return self.verdict == "reproduced"
+
+    @property
+    def fragile(self) -> bool:
+        shift = FRAGILE_SHIFT * math.sqrt(self.successes * (self.trials - self.successes)
+                                          / self.trials)
+        return any(self._verdict_for(min(max(self.successes + s, 0.0), float(self.trials)))
+                   != self.verdict for s in (-shift, shift))
+
+    @property
+    def mde(self) -> float:
+        """The distance from the bound at which the claim is reproduced with :data:`POWER`."""
+        n = self.trials
+        counts = np.arange(n + 1)
+        bounds = np.array([clopper_pearson(k, n, self.level) for k in counts])
+        if self.side == "at_most":
+            wins = counts[bounds[:, 1] < self.bound]
+            if wins.size == 0:
+                return math.inf
+            edge = int(wins.max())
+            return self.bound - optimize.brentq(
+                lambda q: stats.binom.cdf(edge, n, q) - POWER, 0.0, self.bound)
+        wins = counts[bounds[:, 0] > self.bound]
+        if wins.size == 0:
+            return math.inf
+        edge = int(wins.min())
+        return optimize.brentq(lambda q: stats.binom.sf(edge - 1, n, q) - POWER,
+                               self.bound, 1.0) - self.bound
+
+    @property
+    def underpowered(self) -> bool:
+        return self.paper_effect is not None and self.mde > self.paper_effect
+
+    def interval(self) -> tuple[float, float]:
+        return clopper_pearson(self.successes, self.trials, self.level)
+
+    def numbers(self) -> dict[str, float]:
+        lower, upper = self.interval()
+        shown = {"estimate": self.rate, "lower": lower, "upper": upper,
+                 "successes": self.successes, "trials": self.trials, "bound": self.bound,
+                 "mde": self.mde}
+        if self.paper_effect is not None:
+            shown["paper_effect"] = self.paper_effect
+        return shown
+
+    def rule(self) -> str:
+        side = "below" if self.side == "at_most" else "above"
+        return (f"{100 * (1 - self.level):g}% Clopper-Pearson interval of the {self.name} "
+                f"{side} {self.bound:g}")
+
+    def plot_interval(self) -> dict[str, float]:
+        lower, upper = self.interval()
+        if self.side == "at_most":
+            lower, upper = self.bound - upper, self.bound - lower
+        else:
+            lower, upper = lower - self.bound, upper - self.bound
+        estimate = (self.bound - self.rate if self.side == "at_most" else self.rate - self.bound)
+        return {"estimate": estimate, "lower": lower, "upper": upper, "margin": 0.0,
+                "smallest_effect": 0.0}
+
+
+def rate_claim(
+    successes: int, trials: int, *, at_most: float | None = None, at_least: float | None = None,
+    name: str = "rate", paper_effect: float | None = None, level: float = LEVEL,
+) -> RateClaim:
+    """The claim "the rate is at most ``at_most``" (or at least ``at_least``), burden on the claim.
+
+    Reproduced when the exact interval lies on the claimed side of the bound, contradicted when it
+    lies wholly on the other side, inconclusive otherwise: 13 of 400 is inconclusive for "at most
+    2%". ``paper_effect`` is a distance from the bound (the paper's own margin), in rate units.
+    """
+    if (at_most is None) == (at_least is None):
+        raise ValueError("give exactly one of at_most and at_least")
+    side, bound = ("at_most", at_most) if at_most is not None else ("at_least", at_least)
+    bound, level = _real(bound, side), _check_level(level)
+    if not 0 <= bound <= 1:
+        raise ValueError(f"{side} must lie in [0, 1], got {bound}")
+    for value, what in ((successes, "successes"), (trials, "trials")):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{what} must be an integer, got {value!r}")
+    if trials < 1 or not 0 <= successes <= trials:
+        raise ValueError(f"need 0 <= successes <= trials and trials >= 1, got {successes} of "
+                         f"{trials}")
+    paper = None if paper_effect is None else _finite(paper_effect, "paper_effect")
+    return RateClaim(str(name), int(successes), int(trials), bound, side, level, paper)
+
+
+# --- Rate families (validity checks) --------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -171,6 +457,25 @@ class RateCheck:
         return self.successes / self.trials
 
 
+def violation_rate(nominal: float, side: str) -> float:
+    """The rate a validity check must still catch: twice the nominal size, or twice the nominal
+    miscoverage."""
+    return min(1.0, 2 * nominal) if side == "at_most" else max(0.0, 1 - 2 * (1 - nominal))
+
+
+def _detection_power(trials: int, nominal: float, side: str, level: float) -> float:
+    """Chance that one exact test at ``level`` flags a true rate of :func:`violation_rate`."""
+    counts = np.arange(trials + 1)
+    alternative = violation_rate(nominal, side)
+    if side == "at_most":
+        flagged = counts[stats.binom.sf(counts - 1, trials, nominal) < level]
+        if not flagged.size:
+            return 0.0
+        return float(stats.binom.sf(flagged.min() - 1, trials, alternative))
+    flagged = counts[stats.binom.cdf(counts, trials, nominal) < level]
+    return float(stats.binom.cdf(flagged.max(), trials, alternative)) if flagged.size else 0.0
+
+
 @dataclass(frozen=True)
 class RateFamily:
     """Rates checked together; the family holds when no adjusted p-value falls below ``level``."""
@@ -185,6 +490,21 @@ class RateFamily:
     def holds(self) -> bool:
         return all(check.holds for check in self.checks)
 
+    @property
+    def verdict(self) -> str:
+        return "reproduced" if self.holds else "contradicted"
+
+    fragile = False
+    underpowered = False
+
+    @property
+    def power(self) -> float:
+        """Smallest chance, over the family, that a rate at :func:`violation_rate` is flagged
+        (each test at the Bonferroni level, a lower bound for Holm's)."""
+        per_test = self.level / len(self.checks)
+        return min(_detection_power(c.trials, self.nominal, self.side, per_test)
+                   for c in self.checks)
+
     def numbers(self) -> dict[str, float]:
         rates = [c.rate for c in self.checks]
         worst = min(self.checks, key=lambda c: c.adjusted_p_value)
@@ -192,7 +512,8 @@ class RateFamily:
         return {"checks": len(self.checks), "nominal": self.nominal,
                 ("largest rate" if self.side == "at_most" else "smallest rate"): pick(rates),
                 "trials": min(c.trials for c in self.checks),
-                f"min {self.correction} p": worst.adjusted_p_value, "level": self.level}
+                f"min {self.correction} p": worst.adjusted_p_value, "level": self.level,
+                "power at 2x": self.power}
 
     def rule(self) -> str:
         sign = "<=" if self.side == "at_most" else ">="
@@ -220,9 +541,9 @@ def _adjust(p_values: np.ndarray, correction: str) -> np.ndarray:
 
 def rate_family(
     counts: Mapping[str, tuple[int, int]], nominal: float, *, side: str = "at_most",
-    level: float = FAMILY_LEVEL, correction: str = "holm",
+    level: float = VERIFICATION_LEVEL, correction: str = "holm",
 ) -> RateFamily:
-    """Check rates (sizes, coverages) as one family with exact binomial tests.
+    """Check that a procedure is valid: rates (sizes, coverages) as one family of exact tests.
 
     ``counts`` maps a name to ``(successes, trials)``. For ``side="at_most"`` (a size) each rate
     is tested against the alternative "rate > nominal", for ``side="at_least"`` (a coverage)
@@ -233,11 +554,9 @@ def rate_family(
         raise ValueError(f"side must be one of {', '.join(_SIDES)}, got {side!r}")
     if correction not in _CORRECTIONS:
         raise ValueError(f"correction must be one of {', '.join(_CORRECTIONS)}, got {correction!r}")
-    nominal, level = _real(nominal, "nominal"), _real(level, "level")
+    nominal, level = _real(nominal, "nominal"), _check_level(level)
     if not 0 <= nominal <= 1:
         raise ValueError(f"nominal rate must lie in [0, 1], got {nominal}")
-    if not 0 < level < 1:
-        raise ValueError(f"level must lie in (0, 1), got {level}")
     if not counts:
         raise ValueError("a rate family needs at least one rate")
     names, successes, trials = [], [], []
@@ -264,6 +583,9 @@ def rate_family(
     return RateFamily(checks, nominal, side, level, correction)
 
 
+# --- Noise-free quantities ------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Threshold:
     """A plain inequality ``value op bound``, for quantities that carry no seed noise."""
@@ -274,8 +596,15 @@ class Threshold:
     holds: bool
     context: dict[str, float] = field(default_factory=dict)
 
+    fragile = False
+    underpowered = False
+
+    @property
+    def verdict(self) -> str:
+        return "reproduced" if self.holds else "contradicted"
+
     def numbers(self) -> dict[str, float]:
-        return {"value": self.value, "bound": self.bound, **self.context}
+        return {"estimate": self.value, "bound": self.bound, **self.context}
 
     def rule(self) -> str:
         return f"value {self.op} bound"
@@ -290,10 +619,11 @@ def threshold(value: float, op: str, bound: float, **context: float) -> Threshol
     return Threshold(value, op, bound, bool(_OPERATORS[op](value, bound)), shown)
 
 
-Evidence = PairedComparison | RateFamily | Threshold
+Evidence = PairedComparison | RateClaim | RateFamily | Threshold
+_EVIDENCE = (PairedComparison, RateClaim, RateFamily, Threshold)
 
 
-# --- Displaying checks ------------------------------------------------------------------------
+# --- Displaying checks ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -303,32 +633,61 @@ class Row:
     kind: str
     statement: str
     evidence: Evidence
-    expect: bool | None
-
-    @property
-    def holds(self) -> bool:
-        return self.evidence.holds
+    expect: str | None
 
     @property
     def verdict(self) -> str:
-        if self.kind == "paper":
-            return "reproduced" if self.holds else "not reproduced"
-        return "holds" if self.holds else "does not hold"
+        """One of :data:`VERDICTS` for a paper claim or finding; ``holds``/``fails`` otherwise.
+
+        A verification holds when its evidence holds: an interval that clears its margin, a rate
+        family with no significant violation, an inequality that is true.
+        """
+        if self.kind == "verification":
+            return "holds" if self.evidence.holds else "fails"
+        return self.evidence.verdict
 
     @property
-    def as_expected(self) -> bool:
-        return self.expect is None or self.holds == self.expect
+    def fragile(self) -> bool:
+        return self.kind != "verification" and self.evidence.fragile
+
+    @property
+    def underpowered(self) -> bool:
+        return self.kind != "verification" and self.evidence.underpowered
+
+    @property
+    def unexpected(self) -> bool:
+        if self.kind == "verification":
+            return self.verdict == "fails"
+        return self.expect is not None and self.verdict != self.expect
 
     def record(self) -> dict:
         """The row as plain data: what the output metadata and the ledger carry."""
-        return {"kind": self.kind, "statement": self.statement, "rule": self.evidence.rule(),
-                "numbers": {k: float(v) for k, v in self.evidence.numbers().items()},
-                "holds": self.holds, "verdict": self.verdict, "expected": self.expect}
+        record = {"kind": self.kind, "statement": self.statement, "rule": self.evidence.rule(),
+                  "numbers": {k: float(v) for k, v in self.evidence.numbers().items()},
+                  "verdict": self.verdict, "expected": self.expect, "fragile": self.fragile,
+                  "underpowered": self.underpowered, "unexpected": self.unexpected}
+        if hasattr(self.evidence, "plot_interval"):
+            record["interval"] = self.evidence.plot_interval()
+        return record
+
+    def flags(self) -> list[str]:
+        flags = []
+        if self.unexpected:
+            flags.append("UNEXPECTED" if self.kind != "verification" else "FAILED")
+        if self.kind != "verification" and self.expect is None:
+            flags.append("not asserted")
+        if self.fragile:
+            flags.append("fragile")
+        if self.underpowered:
+            flags.append("underpowered")
+        return flags
 
     def text(self) -> str:
         numbers_text = ", ".join(f"{k}={_format(v)}" for k, v in self.evidence.numbers().items())
-        note = "" if self.as_expected else " (UNEXPECTED)"
-        return (f"[{self.kind}] {self.verdict}{note}: {self.statement} "
+        flags = self.flags()
+        note = f" ({', '.join(flags)})" if flags else ""
+        expected = f", expected {self.expect}" if self.unexpected and self.expect else ""
+        return (f"[{self.kind}] {self.verdict}{note}{expected}: {self.statement} "
                 f"({self.evidence.rule()}; {numbers_text})")
 
 
@@ -338,17 +697,19 @@ def _check_kind(kind: str) -> str:
     return kind
 
 
-def _make_row(kind: str, statement: str, evidence: Evidence, expect: bool | None) -> Row:
+def _make_row(kind: str, statement: str, evidence: Evidence, expect: str | None) -> Row:
     _check_kind(kind)
     if not isinstance(statement, str) or not statement.strip():
         raise ValueError("a claim needs a statement in words")
-    if not isinstance(evidence, (PairedComparison, RateFamily, Threshold)):
-        raise TypeError("evidence must come from paired_comparison, rate_family or threshold, "
-                        f"got {type(evidence).__name__}")
-    if expect not in (True, False, None):
-        raise TypeError(f"expect must be True, False or None, got {expect!r}")
-    if kind == "verification" and expect is not True:
-        raise ValueError("a verification is always expected to hold")
+    if not isinstance(evidence, _EVIDENCE):
+        raise TypeError("evidence must come from paired_comparison, rate_claim, rate_family or "
+                        f"threshold, got {type(evidence).__name__}")
+    if kind == "verification":
+        if expect is not None:
+            raise ValueError("a verification is always expected to hold: give no expect")
+    elif expect is not None and (not isinstance(expect, str) or expect not in VERDICTS):
+        raise TypeError(f"expect must be one of {', '.join(VERDICTS)} (or None: reported, not "
+                        f"asserted), got {expect!r}")
     return Row(kind, statement.strip(), evidence, expect)
 
 
@@ -358,12 +719,16 @@ def _html_table(rows: list[Row]) -> str:
     for row in rows:
         numbers_html = "<br>".join(f"{escape(k)} = {_format(v)}"
                                    for k, v in row.evidence.numbers().items())
-        verdict = row.verdict + ("" if row.as_expected else " (unexpected)")
-        if row.expect is None:
-            verdict += " (reported, not asserted)"
-        body.append(f"<tr><td>{escape(row.statement)}<br><small>{escape(row.evidence.rule())}"
-                    f"</small></td><td>{row.kind}</td><td>{numbers_html}</td>"
-                    f"<td><b>{escape(verdict)}</b></td></tr>")
+        flags = row.flags()
+        verdict = f"<b>{escape(row.verdict)}</b>"
+        if flags:
+            verdict += "<br><small>" + escape(", ".join(flags)) + "</small>"
+        if row.unexpected and row.expect:
+            verdict += f"<br><small>expected {escape(row.expect)}</small>"
+        css = ' class="icml26-unexpected"' if row.unexpected else ""
+        body.append(f"<tr{css}><td>{escape(row.statement)}<br><small>"
+                    f"{escape(row.evidence.rule())}</small></td><td>{row.kind}</td>"
+                    f"<td>{numbers_html}</td><td>{verdict}</td></tr>")
     return (f'<table class="icml26-claims"><thead><tr>{head}</tr></thead>'
             f"<tbody>{''.join(body)}</tbody></table>")
 
@@ -377,28 +742,27 @@ def _display(rows: list[Row], enforced: bool) -> None:
     display({"text/plain": text, "text/html": _html_table(rows)}, raw=True, metadata=metadata)
 
 
-def _raise_unexpected(rows: list[Row]) -> None:
-    wrong = [row for row in rows if not row.as_expected]
-    if wrong:
-        raise ClaimError("; ".join(row.text() for row in wrong))
+def _raise_failed_verifications(rows: list[Row]) -> None:
+    failed = [row for row in rows if row.kind == "verification" and row.unexpected]
+    if failed:
+        raise ClaimError("; ".join(row.text() for row in failed))
 
 
-def verify(statement: str, evidence: Evidence) -> Row:
+def verify(statement: str, evidence: Evidence) -> None:
     """Show one verification in place (a derivation's numeric check) and raise if it fails."""
-    row = _make_row("verification", statement, evidence, True)
+    row = _make_row("verification", statement, evidence, None)
     _display([row], enforced=True)
-    _raise_unexpected([row])
-    return row
+    _raise_failed_verifications([row])
 
 
 class ClaimsCheck:
     """A chapter's claims check: collect rows by kind, then :meth:`show` them as one table.
 
-    ``enforce=False`` (the smoke tier, whose sizes are too small for the claims) shows every
-    verdict without raising; verifications are enforced at every tier. ``expect=False`` records a
-    paper claim that our runs do not reproduce (or a finding that a tempting claim fails); it is
-    then enforced the other way round. ``expect=None`` reports a verdict without asserting it:
-    use it only for a result the chapter shows to lie within noise.
+    Each paper claim and finding states the verdict it is expected to get (``expect=``, one of
+    :data:`VERDICTS`; ``None`` reports a verdict without asserting one). An unexpected verdict is
+    marked in the table and listed by the build, never raised here; a failed verification raises
+    :class:`ClaimError`. ``enforce=False`` (the smoke tier, whose sizes are too small for the
+    claims) keeps the rows out of the strict build's count.
     """
 
     def __init__(self, *, enforce: bool = True) -> None:
@@ -408,30 +772,26 @@ class ClaimsCheck:
         self.rows: list[Row] = []
 
     def add(self, kind: str, statement: str, evidence: Evidence,
-            expect: bool | None = True) -> Row:
+            expect: str | None = None) -> Row:
         row = _make_row(kind, statement, evidence, expect)
         self.rows.append(row)
         return row
 
     def verification(self, statement: str, evidence: Evidence) -> Row:
-        return self.add("verification", statement, evidence, True)
+        return self.add("verification", statement, evidence)
 
-    def paper(self, statement: str, evidence: Evidence, expect: bool | None = True) -> Row:
+    def paper(self, statement: str, evidence: Evidence, *, expect: str | None) -> Row:
         return self.add("paper", statement, evidence, expect)
 
-    def finding(self, statement: str, evidence: Evidence, expect: bool | None = True) -> Row:
+    def finding(self, statement: str, evidence: Evidence, *, expect: str | None) -> Row:
         return self.add("finding", statement, evidence, expect)
 
-    def show(self) -> list[Row]:
-        """Display the table (one output) and raise :class:`ClaimError` on an unexpected verdict.
-
-        Verifications are enforced at every tier; paper claims and findings when ``enforce``.
-        """
+    def show(self) -> None:
+        """Display the table (one output); raise :class:`ClaimError` if a verification fails."""
         if not self.rows:
             raise ValueError("the claims check has no rows")
         _display(self.rows, self.enforce)
-        _raise_unexpected([r for r in self.rows if self.enforce or r.kind == "verification"])
-        return self.rows
+        _raise_failed_verifications(self.rows)
 
 
 def collect_rows(notebook) -> list[dict]:
@@ -446,3 +806,18 @@ def collect_rows(notebook) -> list[dict]:
                 rows.extend(dict(row, enforced=entry.get("enforced", True))
                             for row in entry["rows"])
     return rows
+
+
+def strict_problems(rows: list[dict]) -> list[str]:
+    """What ``--strict-claims`` fails on: enforced rows with an unexpected verdict, or an expected
+    verdict that is fragile."""
+    problems = []
+    for row in rows:
+        if not row.get("enforced", True) or row["kind"] == "verification":
+            continue
+        if row["unexpected"]:
+            problems.append(f"unexpected {row['verdict']} (expected {row['expected']}): "
+                            f"{row['statement']}")
+        elif row["expected"] is not None and row["fragile"]:
+            problems.append(f"fragile {row['verdict']}: {row['statement']}")
+    return problems

@@ -9,7 +9,9 @@
     icml26 export --student [SLUG ...]         # lab notebooks with stubs for the exercises
     icml26 check mod-test my-notebook.ipynb    # grade a lab notebook, exercise by exercise
     icml26 grade mod-test submissions/ --out grades.csv   # grade a class into a gradebook
+    icml26 build --strict-claims               # also fail on unexpected or fragile verdicts
     icml26 claims                              # the "What reproduced" ledger of the last build
+    icml26 verdicts mod-test rita --seeds 0 1 2  # which verdicts flip between seeds
     icml26 lab [JUPYTERLAB OPTIONS]            # JupyterLab with the chapters as notebooks
 """
 
@@ -20,7 +22,7 @@ import sys
 from pathlib import Path
 
 from icml26.core import TIERS
-from icml26.toolchain import grading, lab, labs, ledger, pipeline
+from icml26.toolchain import grading, lab, labs, ledger, pipeline, verdicts
 
 
 def _seed(text: str) -> int:
@@ -64,7 +66,7 @@ def _build(args: argparse.Namespace) -> None:
     jobs = None if args.jobs is None else pipeline.validate_jobs(args.jobs)
     pipeline.build(tier, seed, out_root=out_root, use_cache=not args.no_cache,
                    student=args.student, jobs=jobs, dask=args.dask,
-                   report=lambda line: print(line, flush=True))
+                   strict_claims=args.strict_claims, report=lambda line: print(line, flush=True))
 
 
 def _export(args: argparse.Namespace) -> None:
@@ -125,6 +127,21 @@ def _claims(args: argparse.Namespace) -> None:
         raise ValueError(str(error)) from None
 
 
+def _verdicts(args: argparse.Namespace) -> int:
+    if args.all == bool(args.slugs):
+        raise ValueError("name chapters or give --all (not both)")
+    selected = pipeline.chapters() if args.all else [pipeline.find_chapter(s) for s in args.slugs]
+    seeds = [_seed(s) for s in args.seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds needs distinct seeds, got {' '.join(args.seeds) or 'none'}")
+    jobs = 1 if args.jobs is None else pipeline.validate_jobs(args.jobs)
+    runs = verdicts.run_seeds(selected, _tier(args.tier), seeds, jobs=jobs,
+                              use_cache=not args.no_cache,
+                              report=lambda line: print(line, flush=True))
+    print(verdicts.verdicts_text(runs, seeds))
+    return 1 if any(run.errors for run in runs) else 0
+
+
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="icml26", description="Run and build ICML 2026 in Code.")
     commands = main.add_subparsers(dest="command", required=True)
@@ -138,6 +155,8 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--student", action="store_true",
                        help="render the student edition (solutions removed) instead")
     build.add_argument("--jobs", help="chapters executed at once (default: half the cores)")
+    build.add_argument("--strict-claims", action="store_true",
+                       help="also fail on an unexpected verdict or a fragile expected one")
     build.add_argument("--dask", metavar="ADDRESS",
                        help="execute on the Dask scheduler at ADDRESS (workers need a checkout)")
     export = commands.add_parser("export", help="write lab notebooks (student or instructor)")
@@ -165,6 +184,14 @@ def parser() -> argparse.ArgumentParser:
     claims = commands.add_parser("claims", help="print the ledger of checks of the last build")
     claims.add_argument("--out-root", help="folder holding _build/ (default: the repository)")
     claims.set_defaults(handler=_claims)
+    seeds = commands.add_parser("verdicts", help="run chapters on several seeds; show flips")
+    seeds.add_argument("slugs", nargs="*", help="chapters")
+    seeds.add_argument("--all", action="store_true", help="every chapter")
+    seeds.add_argument("--seeds", nargs="+", default=["0", "1", "2"], help="(default 0 1 2)")
+    seeds.add_argument("--tier", default="book", help=f"one of {', '.join(TIERS)} (default book)")
+    seeds.add_argument("--jobs", help="chapter runs at once (default 1)")
+    seeds.add_argument("--no-cache", action="store_true", help="execute even if cached")
+    seeds.set_defaults(handler=_verdicts)
     # `icml26 lab OPTIONS...` passes every option to JupyterLab (handled in main, not parsed here)
     commands.add_parser("lab", help="JupyterLab at the repository, chapters as notebooks")
     for sub, handler in ((run, _run), (build, _build)):

@@ -14,6 +14,7 @@ import contextlib
 import datetime as dt
 import filecmp
 import hashlib
+import html
 import json
 import os
 import platform
@@ -37,6 +38,7 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from papermill.exceptions import PapermillExecutionError
 from traitlets.config import Config
 
+from icml26 import claims
 from icml26.core import check_tier
 from icml26.toolchain import ledger
 from icml26.toolchain.chapters import (
@@ -349,19 +351,37 @@ def _claims_summary(claims: dict[str, int]) -> str:
     return f"{claims['paper']} / {claims['finding']} / {claims['verification']}"
 
 
-def summary_table(records: list[RunRecord], chapter_list: list[Chapter]) -> str:
-    """A Markdown table: chapter, part, tier, seed, seconds, checks per kind, cache use."""
+def summary_table(records: list[RunRecord], chapter_list: list[Chapter],
+                  book_ledger: dict[str, dict] | None = None) -> str:
+    """A Markdown table (chapter, part, tier, seed, seconds, checks per kind, unexpected verdicts,
+    cache use), then failures and unexpected verdicts, each listed in full."""
     parts = {c.slug: c.part for c in chapter_list}
+    book_ledger = book_ledger or {}
     rows = ["| chapter | part | tier | seed | seconds | paper / finding / verification "
-            "| executed |",
-            "|---|---|---|---|---|---|---|"]
+            "| unexpected | executed |",
+            "|---|---|---|---|---|---|---|---|"]
     for r in records:
         when = f"{r.finished[:10]} (cached)" if r.cached else r.finished[:10]
         if r.error:
-            when = "FAILED: " + r.error.replace("|", "\\|").replace("\n", " ")
+            when = "**FAILED** (below)"
+        unexpected = ledger.count_verdicts(book_ledger.get(r.slug, {}).get("rows", []))
         rows.append(f"| [{r.slug}](../chapters/{r.slug}) | {parts.get(r.slug, '')} | {r.tier} | "
-                    f"{r.seed} | {r.seconds:.1f} | {_claims_summary(r.claims)} | {when} |")
+                    f"{r.seed} | {r.seconds:.1f} | {_claims_summary(r.claims)} | "
+                    f"{unexpected['unexpected']} | {when} |")
+    failed = [r for r in records if r.error]
+    if failed:
+        rows += ["", "**Failed chapters**", ""]
+        rows += [f"- [{r.slug}](../chapters/{r.slug}): {_one_line(r.error)}" for r in failed]
+    surprises = ledger.unexpected_rows(book_ledger)
+    if surprises:
+        rows += ["", "**Unexpected verdicts** (the chapter rendered; the strict build fails)", ""]
+        rows += [f"- [{slug}](../chapters/{slug}): {row['verdict']}, expected {row['expected']}: "
+                 f"{_one_line(row['statement'])}" for slug, row in surprises]
     return "\n".join(rows) + "\n"
+
+
+def _one_line(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ").replace("*", "\\*")
 
 
 # --- The book -------------------------------------------------------------------------------
@@ -394,7 +414,8 @@ def stage_sources(stage: Path, chapter_list: list[Chapter], root: Path = ROOT) -
     generated = {Path(CHAPTER_DIR) / f"{c.slug}.ipynb" for c in chapter_list}
     generated |= {Path(STATUS_TABLE), Path(ledger.LEDGER_TABLE)}
     for path in [p for p in stage.rglob("*") if p.is_file()]:
-        if path.relative_to(stage) not in wanted | generated:
+        relative = path.relative_to(stage)
+        if relative not in wanted | generated and relative.parent != Path(ledger.FOREST_DIR):
             path.unlink()
 
 
@@ -454,10 +475,11 @@ def connect_dask(address: str, timeout: float = 10.0):
 
 
 def _failure_notebook(chapter: Chapter, message: str) -> nbformat.NotebookNode:
-    """The page a failed chapter gets: its title and why it failed."""
-    text = (f"# {chapter.title}\n\n````{{error}} This chapter failed to execute\n"
+    """The page a failed chapter gets: its title and why it failed, the whole message wrapped."""
+    text = (f"# {chapter.title}\n\n````{{error}} This chapter failed to execute.\n"
             f"The build ran every other chapter and rendered the book; this page stands in for "
-            f"the chapter until it runs again.\n\n```text\n{message}\n```\n````\n")
+            f"the chapter until it runs again.\n\n"
+            f'<pre class="icml26-error">{html.escape(message)}</pre>\n````\n')
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(text)])
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                        "language": "python"}
@@ -558,7 +580,7 @@ def client_as_completed(client, futures):
 def build(
     tier: str = "book", seed: int = 0, *, out_root: Path = ROOT, use_cache: bool = True,
     student: bool = False, report: Callable[[str], None] = print, jobs: int | None = None,
-    dask: str | None = None, root: Path = ROOT,
+    dask: str | None = None, root: Path = ROOT, strict_claims: bool = False,
 ) -> list[RunRecord]:
     """Execute every chapter at ``tier`` and render the book into ``out_root/_build/html``.
 
@@ -566,9 +588,11 @@ def build(
     scheduler address), one task per chapter on that cluster's workers, each executing its own
     checkout of the book. ``root`` is the book to build (default: this checkout). A failing
     chapter does not stop the others: the book renders with a page saying why it failed, and the
-    build then raises :class:`PipelineError` listing every failure. With ``student=True`` the same
-    executed chapters, with every exercise solution removed, are rendered into
-    :func:`student_html_dir`.
+    build then raises :class:`PipelineError` listing every failure. A claim whose verdict is not
+    the expected one is rendered and listed, not a failure, unless ``strict_claims``: then an
+    unexpected verdict, or an expected one that is fragile, fails the build too. With
+    ``student=True`` the same executed chapters, with every exercise solution removed, are
+    rendered into :func:`student_html_dir`.
     """
     validate_parameters(tier, seed)
     jobs = default_jobs() if jobs is None else validate_jobs(jobs)
@@ -584,25 +608,47 @@ def build(
         if client is not None:
             client.close()
     save_history([r for r in records if not r.error], out_root)
-    table = summary_table(records, selected)
+    errors = {r.slug: r.error for r in records if r.error}
+    book_ledger = {c.slug: {"title": c.title, "tier": tier, "seed": seed,
+                            "rows": ledger.chapter_rows(stage / CHAPTER_DIR / f"{c.slug}.ipynb"),
+                            "error": errors.get(c.slug)}
+                   for c in selected}
+    table = summary_table(records, selected, book_ledger)
     stage_sources(stage, selected, root)
     _write_if_changed(stage / STATUS_TABLE, table)
-    book_ledger = {c.slug: {"title": c.title, "tier": tier, "seed": seed,
-                            "rows": ledger.chapter_rows(stage / CHAPTER_DIR / f"{c.slug}.ipynb")}
-                   for c in selected}
-    _write_if_changed(stage / ledger.LEDGER_TABLE, ledger.ledger_markdown(book_ledger))
+    plots = ledger.write_forest_plots(book_ledger, stage)
+    _write_if_changed(stage / ledger.LEDGER_TABLE, ledger.ledger_markdown(book_ledger, plots))
+    _add_substitutions(stage, ledger.substitutions(book_ledger))
     if student:
         _make_student_edition(stage, selected)
     else:
         ledger.save_ledger(book_ledger, out_root)
     edition = "student edition" if student else "book"
     report(f"rendering the {edition} with Jupyter Book (-n -W --keep-going)")
-    html = render_html(stage, out_root / "_build" / "student" if student else out_root)
+    html_dir = render_html(stage, out_root / "_build" / "student" if student else out_root)
     report(table)
+    problems = [f"  {slug}: {problem}" for slug, entry in book_ledger.items()
+                for problem in claims.strict_problems(entry["rows"])]
+    if problems:
+        report("claims not as expected (rendered and listed on the status page):\n"
+               + "\n".join(problems))
     failed = [r for r in records if r.error]
     if failed:
         lines = "\n".join(f"  {r.slug}: {r.error}" for r in failed)
         raise PipelineError(f"{len(failed)} of {len(records)} chapters failed (the book was "
-                            f"rendered with their failure pages: {html / 'index.html'}):\n{lines}")
-    report(f"{edition} built in {time.perf_counter() - total:.1f} s: {html / 'index.html'}")
+                            f"rendered with their failure pages: {html_dir / 'index.html'}):\n"
+                            f"{lines}")
+    if strict_claims and problems:
+        raise PipelineError(f"--strict-claims: {len(problems)} claims are unexpected or fragile "
+                            f"(the book was rendered: {html_dir / 'index.html'}):\n"
+                            + "\n".join(problems))
+    report(f"{edition} built in {time.perf_counter() - total:.1f} s: {html_dir / 'index.html'}")
     return records
+
+
+def _add_substitutions(stage: Path, values: dict[str, str]) -> None:
+    """Put the ledger's book-wide counts into the staged configuration, for the introduction."""
+    config_file = stage / "_config.yml"
+    config = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+    config.setdefault("parse", {})["myst_substitutions"] = values
+    _write_if_changed(config_file, yaml.safe_dump(config, sort_keys=False))
