@@ -65,13 +65,18 @@ def _section(notebook, title: str) -> list:
     return cells
 
 
+# Theory papers whose claims are theorems: their finite signatures are exact verifications.
+THEOREM_CHAPTERS = {"transductive-online"}
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=[c.slug for c in CHAPTERS])
 def test_claims_check_uses_only_the_claim_helpers(chapter):
     """One ClaimsCheck table with at least one paper claim; no bare asserts or ad-hoc checks."""
     code = "\n".join(c.source for c in _section(read_source(chapter.source), "Claims check")
                      if c.cell_type == "code")
     assert "ClaimsCheck(" in code and ".show()" in code, "the claims check is one ClaimsCheck table"
-    assert re.search(r"\.paper\(", code), "at least one claim of the paper (kind 'paper')"
+    if chapter.slug not in THEOREM_CHAPTERS:
+        assert re.search(r"\.paper\(", code), "at least one claim of the paper (kind 'paper')"
     for banned in (r"^\s*assert\b", r"\braise\b", r"check_claim\(", r"\bprint\("):
         assert not re.search(banned, code, re.MULTILINE), f"claims check uses {banned!r}"
 

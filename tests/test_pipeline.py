@@ -78,7 +78,7 @@ def test_validate_parameters(bad):
 def test_module_closure_follows_imports_transitively():
     files = {p.name for p in pipeline.module_closure("from icml26.toolchain import pipeline as p")}
     assert {"__init__.py", "pipeline.py", "core.py"} <= files
-    assert "plotting.py" not in files
+    assert "kernels.py" not in files
     assert {p.name for p in pipeline.module_closure("import numpy")} == {"__init__.py"}
 
 

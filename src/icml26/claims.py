@@ -725,7 +725,8 @@ def _html_table(rows: list[Row]) -> str:
             verdict += "<br><small>" + escape(", ".join(flags)) + "</small>"
         if row.unexpected and row.expect:
             verdict += f"<br><small>expected {escape(row.expect)}</small>"
-        css = ' class="icml26-unexpected"' if row.unexpected else ""
+        css = (' class="icml26-unexpected" style="background-color: #fbe3d6"'
+               if row.unexpected else "")
         body.append(f"<tr{css}><td>{escape(row.statement)}<br><small>"
                     f"{escape(row.evidence.rule())}</small></td><td>{row.kind}</td>"
                     f"<td>{numbers_html}</td><td>{verdict}</td></tr>")

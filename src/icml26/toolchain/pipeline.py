@@ -479,7 +479,8 @@ def _failure_notebook(chapter: Chapter, message: str) -> nbformat.NotebookNode:
     text = (f"# {chapter.title}\n\n````{{error}} This chapter failed to execute.\n"
             f"The build ran every other chapter and rendered the book; this page stands in for "
             f"the chapter until it runs again.\n\n"
-            f'<pre class="icml26-error">{html.escape(message)}</pre>\n````\n')
+            f'<pre class="icml26-error" style="white-space: pre-wrap; overflow-wrap: anywhere">'
+            f"{html.escape(message)}</pre>\n````\n")
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(text)])
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                        "language": "python"}
