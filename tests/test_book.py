@@ -53,4 +53,7 @@ def test_ledger_gathers_every_chapters_checks(smoke_build, capsys):
     assert first_paper["verdict"] in page
     assert cli.main(["claims", "--out-root", str(out_root)]) == 0
     printed = capsys.readouterr().out
+    first, *_ = printed.splitlines()
+    assert first.split()[:4] == ["chapter", "reproduced", "contradicted", "inconclusive"]
+    assert any(line.startswith("book ") for line in printed.splitlines())
     assert all(f"{c.slug} (tier smoke, seed 0)" in printed for c in chapters())

@@ -145,7 +145,8 @@ def test_chapter_renders_in_browser(built_html, site_url):
 
 
 def test_ledger_page_renders_in_browser(built_html, site_url):
-    """The "What reproduced" page lists every chapter with a table of its claims."""
+    """The "What reproduced" page opens with the summary table, then lists every chapter with
+    its forest plot (images that load) and a table of its claims."""
     if not CHROMIUM:
         pytest.skip("Chromium not found at /usr/bin/chromium or on PATH")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
@@ -153,6 +154,9 @@ def test_ledger_page_renders_in_browser(built_html, site_url):
     text = page.read_text(encoding="utf-8")
     chapters = sorted(p.stem for p in (built_html / "book" / "chapters").glob("*.html"))
     assert all(f"../chapters/{slug}.html" in text for slug in chapters), "a section per chapter"
+    summary = text.index("<strong>book</strong>")
+    assert summary < text.index('alt="Forest plot of the claims of'), "summary before the plots"
+    assert text.count('alt="Forest plot of the claims of') >= 1
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
