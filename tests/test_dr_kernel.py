@@ -355,3 +355,142 @@ def test_prs_treats_a_caught_decoy_as_a_failure():
     np.testing.assert_allclose(
         drk.prs_keep_probability(out, drk.RewardConfig(hack_check=False, rejection=True)),
         [0.0, 0.0])
+
+
+def test_mask_first_baseline_matches_exhaustive_enumeration():
+    """eq-drk-beta-first: the closed-form mean of the kept-only baseline, against brute force."""
+    pi = np.array([0.5, 0.3, 0.2])
+    reward = np.array([2.0, 3.0, -1.0])
+    keep = np.array([0.1, 1.0, 0.6])
+    arms = drk.ArmStatistics(reward, keep * reward, keep, np.zeros(3), np.zeros(3))
+    for K in (2, 3, 4):
+        exact = _enumerated_update(pi, reward, keep, K, mask_before_baseline=True)
+        closed = drk.expected_update(pi, arms, mask_before_baseline=True, group_size=K)
+        np.testing.assert_allclose(closed, exact, atol=1e-12)
+    # with nothing masked, mask first is the released order
+    plain = drk.ArmStatistics(reward, reward, np.ones(3), np.zeros(3), np.zeros(3))
+    np.testing.assert_allclose(
+        drk.expected_update(pi, plain, mask_before_baseline=True, group_size=5),
+        drk.expected_update(pi, plain))
+    with pytest.raises(ValueError, match="group size"):
+        drk.expected_update(pi, arms, mask_before_baseline=True)
+
+
+def test_mask_first_update_matches_monte_carlo():
+    cfg = drk.RewardConfig(**drk.CONFIGS["check + PR + PRS"], mask_before_baseline=True)
+    rng = np.random.default_rng(11)
+    arms = drk.arm_statistics(drk.synthetic_outcomes, cfg, rng, draws=200_000)
+    pi = np.array([0.6, 0.3, 0.1])
+    grads, _ = drk.policy_gradient(drk.synthetic_outcomes, cfg, np.tile(pi, (40_000, 1)),
+                                   group_size=8, rng=rng)
+    se = grads.std(0, ddof=1) / np.sqrt(len(grads))
+    closed = drk.expected_update(pi, arms, mask_before_baseline=True, group_size=8)
+    assert np.all(np.abs(grads.mean(0) - closed) < 4.5 * se + 2e-3)
+    # and it differs from the released order's update at this policy
+    assert np.abs(closed - drk.expected_update(pi, arms)).max() > 10 * se.max()
+
+
+def test_success_mixture_and_fusion_basin():
+    arms = drk.success_mixture([1.0, 0.5], [2.0, 3.0], [0.0, 3.0], [0.0, 1.0])
+    np.testing.assert_allclose(arms.reward, [2.0, 1.5])
+    np.testing.assert_allclose(arms.kept_reward, [0.0, 1.5])
+    np.testing.assert_allclose(arms.keep_rate, [0.0, 1.0])
+    # lazy: succeeds w.p. 0.9 with reward 2.3, always masked; fuse: 0.4 with 4.4, always kept
+    arms = drk.success_mixture([0.9, 0.4], [2.3, 4.4], [0.0, 4.4], [0.0, 1.0])
+    # released order: the gap drift is linear in the lazy mass and vanishes at one point
+    beta_star = (arms.kept_reward[1] - arms.kept_reward[0]) / (arms.keep_rate[1]
+                                                               - arms.keep_rate[0])
+    lazy_star = (beta_star - arms.reward[1]) / (arms.reward[0] - arms.reward[1])
+    assert 0.5 < lazy_star < 0.7
+    assert drk.fusion_basin(arms, grid=2001) == pytest.approx(lazy_star, abs=1e-3)
+    # mask first: the kept lazy failures pull the baseline down, fusion gains from any start
+    assert drk.fusion_basin(arms, mask_before_baseline=True, group_size=16) == 1.0
+    # no mask at all: the learner climbs E[r]; lazy (2.07) beats fusion (1.76) everywhere
+    plain = drk.success_mixture([0.9, 0.4], [2.3, 4.4], [2.3, 4.4], [1.0, 1.0])
+    assert drk.fusion_basin(plain) == 0.0
+    with pytest.raises(ValueError, match="two strategies"):
+        drk.fusion_basin(drk.ArmStatistics(*(np.ones(3),) * 5))
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        drk.success_mixture([1.2, 0.5], 1.0, 1.0, 1.0)
+
+
+def test_shared_toy_fixed_points_and_gradient():
+    toy = drk.SharedParameterToy()
+    theta = np.linspace(-2, 4, 7)
+    h = 1e-6
+    fd = (toy.objective(theta + h) - toy.objective(theta - h)) / (2 * h)
+    np.testing.assert_allclose(toy.expected_update(theta, "trloo"), fd, rtol=1e-6, atol=1e-10)
+    t_trloo, t_grpo = toy.fixed_point("trloo"), toy.fixed_point("grpo")
+    assert toy.fixed_point("grpo_rescaled") == pytest.approx(t_trloo)
+    assert t_grpo - t_trloo > 0.5  # late turns under-weighted: the optimum moves
+    # between the two fixed points GRPO's expected update has the wrong sign
+    mid = 0.5 * (t_trloo + t_grpo)
+    assert toy.expected_update(mid, "grpo") > 0 > toy.expected_update(mid, "trloo")
+    # the control: without early stopping every turn shrinks by 1 - 1/K and nothing moves
+    flat = drk.SharedParameterToy(termination=(0.0, 0.0))
+    assert flat.fixed_point("grpo") == pytest.approx(flat.fixed_point("trloo"), abs=1e-9)
+
+
+def test_shared_toy_monte_carlo_matches_expected_update():
+    toy = drk.SharedParameterToy()
+    rng = np.random.default_rng(12)
+    for method in drk.SHARED_METHODS:
+        g = toy.gradient_estimates(np.full(20_000, 1.2), method, 5, rng)
+        se = g.std(ddof=1) / np.sqrt(g.size)
+        assert abs(g.mean() - toy.expected_update(1.2, method)) < 4.5 * se
+
+
+def test_train_shared_reaches_each_fixed_point_and_rejects_bad_input():
+    toy = drk.SharedParameterToy()
+    for method in ("trloo", "grpo"):
+        run = drk.train_shared(toy, method, replicates=8, steps=800, groups_per_step=8, lr=1.0,
+                               rng=np.random.default_rng(13))
+        assert run.path.shape == (801, 8)
+        assert abs(run.average.mean() - toy.fixed_point(method)) < 0.15
+    with pytest.raises(ValueError, match="method"):
+        toy.expected_update(0.0, "ppo")
+    with pytest.raises(ValueError, match="steps"):
+        drk.train_shared(toy, "grpo", replicates=2, steps=0, groups_per_step=2, lr=1.0,
+                         rng=np.random.default_rng(0))
+    with pytest.raises(TypeError):
+        drk.train_shared("toy", "grpo", replicates=2, steps=2, groups_per_step=2, lr=1.0,
+                         rng=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="one weight and one offset"):
+        drk.SharedParameterToy(weights=(1.0, -1.0), offsets=(0.0,))
+    with pytest.raises(ValueError, match="at least 2"):
+        drk.SharedParameterToy(group_size=1)
+    with pytest.raises(ValueError, match="no interior fixed point"):
+        drk.SharedParameterToy(weights=(1.0, 1.0, 1.0), offsets=(0.0, 0.0, 0.0)).fixed_point()
+
+
+def test_rescaled_grpo_learning_curve_matches_trloo_in_expectation():
+    proc = drk.RefinementProcess()
+    curves = {m: np.mean([drk.train_refinement(proc, m, steps=60, groups_per_step=4, lr=3.0,
+                                               rng=np.random.default_rng(s)) for s in range(6)],
+                         0) for m in ("grpo", "grpo_rescaled", "trloo")}
+    assert curves["grpo_rescaled"][60] > curves["grpo"][60]
+    assert abs(curves["grpo_rescaled"][60] - curves["trloo"][60]) < 0.03
+
+
+def test_sequential_scaling_on_the_gym(table):
+    configs = {"check": drk.RewardConfig(**drk.CONFIGS["check"]),
+               "no check": drk.RewardConfig(**drk.CONFIGS["no check"])}
+    res = drk.sequential_scaling(table, configs, turns=4, episodes=600,
+                                 rng=np.random.default_rng(14))
+    assert res.last.shape == (600, 4) and res.best["check"].shape == (600, 4)
+    # one turn: selection has nothing to choose from
+    np.testing.assert_array_equal(res.best["check"][:, 0], res.last[:, 0])
+    # the checked selection never picks a slow candidate when a fast one was seen
+    seen_fast = np.maximum.accumulate(res.last, axis=1)
+    assert np.all(res.best["check"] <= seen_fast)
+    assert res.best_rate("check")[-1] > res.last_rate()[-1]
+    # a policy that only plays the decoy never yields a fast kernel
+    decoy = drk.sequential_scaling(table, configs, turns=3, episodes=50, policy=(0, 0, 1),
+                                   rng=np.random.default_rng(15))
+    assert not decoy.last.any() and not decoy.best["no check"].any()
+    with pytest.raises(ValueError, match="policy"):
+        drk.sequential_scaling(table, configs, turns=2, episodes=5, policy=(0.5, 0.5),
+                               rng=np.random.default_rng(0))
+    with pytest.raises(TypeError, match="RewardConfig"):
+        drk.sequential_scaling(table, {"x": 1}, turns=2, episodes=5,
+                               rng=np.random.default_rng(0))

@@ -244,18 +244,92 @@ def arm_statistics(environment: Callable[[np.ndarray, np.random.Generator], Outc
     return ArmStatistics(*(np.array(stats[k]) for k in ("r", "mr", "m", "r_se", "mr_se")))
 
 
-def expected_update(pi, arms: ArmStatistics, *, baseline: float | None = None) -> np.ndarray:
-    """Exact expected REINFORCE step direction ``E[(1/K) sum_i m_i A_i (e_{a_i} - pi)]``.
-
-    Eq. ``eq-drk-drift``: with ``u_k = E[m r|k] - E[m|k] beta``, the component ``k`` is
-    ``pi_k (u_k - sum_j pi_j u_j)``. ``beta`` is the mean of the leave-one-out baseline; over the
-    whole group (the released order) it is ``E_pi[r]``, the default.
-    """
+def _check_pi(pi, arms: ArmStatistics) -> np.ndarray:
     pi = np.asarray(pi, dtype=float)
     if pi.shape[-1] != arms.reward.size:
         raise ValueError(f"pi has {pi.shape[-1]} strategies, the statistics {arms.reward.size}")
     if np.any(pi < 0) or not np.allclose(pi.sum(-1), 1.0):
         raise ValueError("pi must be a probability vector")
-    beta = pi @ arms.reward if baseline is None else baseline
+    return pi
+
+
+def baseline_mean(pi, arms: ArmStatistics, *, mask_before_baseline: bool = False,
+                  group_size: int | None = None) -> np.ndarray:
+    """The mean ``beta`` of the leave-one-out baseline ``b_{-i}`` in Eq. ``eq-drk-drift``.
+
+    Released order (the whole group): ``beta = E_pi[r]``. Mask first (Eq. ``eq-drk-beta-first``):
+    the other kept rollouts number ``M ~ Binomial(K - 1, rho)`` with ``rho = sum_k pi_k E[m|k]``,
+    each with mean reward ``E_pi[m r] / rho``, and the baseline is 0 when ``M = 0``, so
+    ``beta = (1 - (1 - rho)^(K - 1)) E_pi[m r] / rho``.
+    """
+    pi = _check_pi(pi, arms)
+    if not mask_before_baseline:
+        return pi @ arms.reward
+    if group_size is None:
+        raise ValueError("the mask-first baseline needs the group size")
+    K = _check_positive_int(group_size, "group size", 2)
+    rho = pi @ arms.keep_rate
+    kept = pi @ arms.kept_reward
+    safe = np.where(rho > 0, rho, 1.0)
+    return np.where(rho > 0, (1.0 - (1.0 - rho) ** (K - 1)) * kept / safe, 0.0)
+
+
+def expected_update(pi, arms: ArmStatistics, *, baseline: float | None = None,
+                    mask_before_baseline: bool = False, group_size: int | None = None,
+                    ) -> np.ndarray:
+    """Exact expected REINFORCE step direction ``E[(1/K) sum_i m_i A_i (e_{a_i} - pi)]``.
+
+    Eq. ``eq-drk-drift``: with ``u_k = E[m r|k] - E[m|k] beta``, the component ``k`` is
+    ``pi_k (u_k - sum_j pi_j u_j)``. ``beta`` is the mean of the leave-one-out baseline, from
+    :func:`baseline_mean` unless given: ``E_pi[r]`` in the released order, Eq.
+    ``eq-drk-beta-first`` when the mask is applied before the baseline (then ``group_size`` is
+    needed).
+    """
+    pi = _check_pi(pi, arms)
+    if baseline is None:
+        beta = baseline_mean(pi, arms, mask_before_baseline=mask_before_baseline,
+                             group_size=group_size)
+    else:
+        beta = baseline
     u = arms.kept_reward - arms.keep_rate * np.asarray(beta)[..., None]
     return pi * (u - (pi * u).sum(-1, keepdims=True))
+
+
+def success_mixture(success, reward_if_correct, kept_reward_if_correct, keep_if_correct,
+                    ) -> ArmStatistics:
+    """Arm statistics of strategies that succeed with probability ``success`` (per strategy).
+
+    A success earns ``reward_if_correct`` on average, is kept with probability
+    ``keep_if_correct`` and contributes ``kept_reward_if_correct = E[m r | correct]``; a failure
+    earns 0 and is always kept (Eq. ``eq-drk-prs``). So ``E[r|k] = psi R``, ``E[m r|k] = psi KR``
+    and ``E[m|k] = psi Q + 1 - psi``: the inputs of the phase diagram of Eq. ``eq-drk-drift``.
+    """
+    arrays = [np.asarray(v, dtype=float) for v in (success, reward_if_correct,
+                                                    kept_reward_if_correct, keep_if_correct)]
+    psi, reward, kept, keep = np.broadcast_arrays(*arrays)
+    if np.any((psi < 0) | (psi > 1)) or np.any((keep < 0) | (keep > 1)):
+        raise ValueError("success and keep probabilities must lie in [0, 1]")
+    zeros = np.zeros(psi.shape)
+    return ArmStatistics(psi * reward, psi * kept, psi * keep + 1 - psi, zeros, zeros)
+
+
+def fusion_basin(arms: ArmStatistics, *, mask_before_baseline: bool = False,
+                 group_size: int = 16, grid: int = 401) -> float:
+    """The largest lazy mass from which the expected update moves a two-strategy policy (lazy,
+    fuse) towards fusion: the first zero of the drift of ``theta_fuse - theta_lazy`` (Eq.
+    ``eq-drk-drift``) from the fusion end, on a grid of ``grid`` lazy masses in ``(0, 1)``.
+
+    0 means the policy turns lazy from any start, 1 that it reaches fusion from any start.
+    """
+    if arms.reward.size != 2:
+        raise ValueError("fusion_basin needs the statistics of two strategies (lazy, fuse)")
+    grid = _check_positive_int(grid, "grid", 3)
+    lazy = np.linspace(0.0, 1.0, grid + 2)[1:-1]
+    pi = np.stack([lazy, 1 - lazy], -1)
+    d = expected_update(pi, arms, mask_before_baseline=mask_before_baseline,
+                        group_size=group_size)
+    gains = d[:, 1] - d[:, 0] > 0
+    if gains.all():
+        return 1.0
+    first_loss = int(np.argmin(gains))
+    return float(lazy[first_loss - 1]) if first_loss > 0 else 0.0

@@ -177,18 +177,26 @@ class RefinementProcess:
         """Simulate ``groups`` independent groups of ``K`` rollouts."""
         if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups < 1:
             raise ValueError(f"groups must be a positive integer, got {groups!r}")
-        K, T = self.group_size, self.turns
-        p = np.asarray(self.success)
-        stop = rng.random((groups, K, T - 1)) < np.asarray(self.termination)
-        alive = np.ones((groups, K, T), dtype=bool)
-        for t in range(1, T):
-            alive[..., t] = alive[..., t - 1] & ~stop[..., t - 1]
-        success = rng.random((groups, K, T)) < p
-        u = rng.random((groups, K, T))
-        size = np.where(u < 0.4, 0.0, np.where(u < 0.8, 0.5, rng.uniform(0.5, 1.5, u.shape)))
-        rewards = np.where(alive & success, size, 0.0)
-        scores = np.where(alive, success - p, 0.0)
-        return Rollouts(alive, success & alive, rewards, scores)
+        return _simulate(np.asarray(self.success), self.termination, (groups, self.group_size),
+                         rng)
+
+
+def _simulate(p: np.ndarray, termination, shape: tuple[int, ...],
+              rng: np.random.Generator) -> Rollouts:
+    """Rollouts of the refinement toy with success probabilities ``p`` (shape ``(..., T)``,
+    broadcast against ``shape + (T,)``), arrays of shape ``shape + (T,)``."""
+    T = p.shape[-1]
+    full = (*shape, T)
+    stop = rng.random((*shape, T - 1)) < np.asarray(termination)
+    alive = np.ones(full, dtype=bool)
+    for t in range(1, T):
+        alive[..., t] = alive[..., t - 1] & ~stop[..., t - 1]
+    success = rng.random(full) < p
+    u = rng.random(full)
+    size = np.where(u < 0.4, 0.0, np.where(u < 0.8, 0.5, rng.uniform(0.5, 1.5, u.shape)))
+    rewards = np.where(alive & success, size, 0.0)
+    scores = np.where(alive, success - p, 0.0)
+    return Rollouts(alive, success & alive, rewards, scores)
 
 
 def gradient_estimates(rollouts: Rollouts, method: str) -> np.ndarray:
@@ -232,9 +240,11 @@ def train_refinement(process: RefinementProcess, method: str, *, steps: int, gro
 
     The success probabilities of ``process`` are replaced by ``sigmoid(theta)``, starting from
     ``init_logit`` at every turn. The curve is the exact objective, so the only noise is the
-    gradient estimator's.
+    gradient estimator's. ``method="grpo_rescaled"`` is GRPO with each turn's estimate divided by
+    its shrink factor (Eq. ``eq-drk-shrink``), whose expected update is TRLOO's.
     """
-    _check_method(method)
+    rescale = method == "grpo_rescaled"
+    method = "grpo" if rescale else _check_method(method)
     theta = np.full(process.turns, float(init_logit))
     curve = np.empty(steps + 1)
     for step in range(steps + 1):
@@ -244,9 +254,152 @@ def train_refinement(process: RefinementProcess, method: str, *, steps: int, gro
         curve[step] = current.objective()
         if step == steps:
             break
-        theta = theta + lr * gradient_estimates(current.sample(groups_per_step, rng),
-                                                method).mean(0)
+        step_dir = gradient_estimates(current.sample(groups_per_step, rng), method).mean(0)
+        if rescale:
+            step_dir = step_dir / current.grpo_prediction()
+        theta = theta + lr * step_dir
     return curve
+
+
+SHARED_METHODS = ("trloo", "grpo", "grpo_rescaled")
+"""Estimators of the shared-parameter toy: TRLOO, GRPO (mean) and GRPO with each turn's term
+divided by its shrink factor (Eq. ``eq-drk-shrink``)."""
+
+
+@dataclass(frozen=True)
+class SharedParameterToy:
+    """The refinement toy with one parameter ``theta`` shared by every turn.
+
+    Turn ``t`` succeeds with probability ``p_t = sigmoid(w_t theta + c_t)`` (``weights`` ``w``,
+    ``offsets`` ``c``), so the per-turn gradients pull ``theta`` in different directions when the
+    weights differ in sign. Rewards and stopping are those of :class:`RefinementProcess`. The
+    objective is ``J = mu sum_t a_t p_t`` and its gradient Eq. ``eq-drk-shared``.
+    """
+
+    weights: tuple[float, ...] = (1.0, 0.0, -1.0)
+    offsets: tuple[float, ...] = (2.0, 0.0, 2.0)
+    termination: tuple[float, ...] = (0.5, 0.5)
+    group_size: int = 4
+
+    def __post_init__(self):
+        try:
+            weights = tuple(float(w) for w in self.weights)
+            offsets = tuple(float(c) for c in self.offsets)
+        except TypeError:
+            raise TypeError("weights and offsets must be sequences of numbers") from None
+        if len(weights) != len(offsets) or len(weights) < 2:
+            raise ValueError("need one weight and one offset per turn, at least two turns")
+        if not all(math.isfinite(v) for v in weights + offsets):
+            raise ValueError("weights and offsets must be finite")
+        object.__setattr__(self, "weights", weights)
+        object.__setattr__(self, "offsets", offsets)
+        # validates the termination probabilities and the group size
+        process = RefinementProcess((0.5,) * len(weights), self.termination, self.group_size)
+        object.__setattr__(self, "termination", process.termination)
+        object.__setattr__(self, "group_size", process.group_size)
+
+    @property
+    def turns(self) -> int:
+        return len(self.weights)
+
+    def success(self, theta) -> np.ndarray:
+        """``p_t = sigmoid(w_t theta + c_t)``, shape ``theta.shape + (T,)``."""
+        theta = np.asarray(theta, dtype=float)[..., None]
+        return 1.0 / (1.0 + np.exp(-(theta * np.asarray(self.weights) + np.asarray(self.offsets))))
+
+    def survival(self) -> np.ndarray:
+        return RefinementProcess((0.5,) * self.turns, self.termination, self.group_size).survival()
+
+    def shrink(self) -> np.ndarray:
+        """The per-turn GRPO shrink factors of Eq. ``eq-drk-shrink`` (independent of theta)."""
+        return RefinementProcess((0.5,) * self.turns, self.termination,
+                                 self.group_size).grpo_prediction()
+
+    def objective(self, theta) -> np.ndarray:
+        """``J(theta) = mu sum_t a_t p_t(theta)``."""
+        return REWARD_MEAN * (self.survival() * self.success(theta)).sum(-1)
+
+    def turn_weights(self, method: str) -> np.ndarray:
+        """How much of turn ``t``'s true gradient the method's expected update carries."""
+        if method not in SHARED_METHODS:
+            raise ValueError(f"unknown method {method!r}; choose one of "
+                             f"{', '.join(SHARED_METHODS)}")
+        return self.shrink() if method == "grpo" else np.ones(self.turns)
+
+    def expected_update(self, theta, method: str = "trloo") -> np.ndarray:
+        """Eq. ``eq-drk-shared-fixed``: ``mu sum_t lambda_t w_t a_t p_t (1 - p_t)``, with
+        ``lambda_t`` the shrink factor for GRPO and 1 for TRLOO and rescaled GRPO (for which it
+        is the true gradient ``dJ/dtheta``, Eq. ``eq-drk-shared``)."""
+        p = self.success(theta)
+        per_turn = REWARD_MEAN * self.survival() * np.asarray(self.weights) * p * (1 - p)
+        return (self.turn_weights(method) * per_turn).sum(-1)
+
+    def fixed_point(self, method: str = "trloo", bracket: tuple[float, float] = (-20.0, 20.0),
+                    ) -> float:
+        """The root of the expected update (Eq. ``eq-drk-shared-fixed``) inside ``bracket``."""
+        from scipy import optimize
+
+        low, high = bracket
+        f_low, f_high = (float(self.expected_update(x, method)) for x in (low, high))
+        if not f_low > 0 > f_high:
+            raise ValueError(f"the expected update of {method!r} does not change sign from + to "
+                             f"- on {bracket}: no interior fixed point")
+        return float(optimize.brentq(lambda x: float(self.expected_update(x, method)), low, high,
+                                     xtol=1e-12))
+
+    def gradient_estimates(self, theta, method: str, groups: int,
+                           rng: np.random.Generator) -> np.ndarray:
+        """One stochastic update per entry of ``theta``: the mean over ``groups`` groups of
+        ``sum_t w_t g_hat_t / lambda_t`` (Eq. ``eq-drk-estimator`` per turn and the chain rule;
+        ``lambda_t`` is 1 except for ``grpo_rescaled``)."""
+        self.turn_weights(method)
+        theta = np.asarray(theta, dtype=float)
+        if groups < 1:
+            raise ValueError(f"groups must be at least 1, got {groups}")
+        p = self.success(theta)[..., None, None, :]  # (..., 1, 1, T)
+        roll = _simulate(p, self.termination, (*theta.shape, groups, self.group_size), rng)
+        returns = np.moveaxis(roll.returns, -2, -1)  # (..., groups, T, K)
+        valid = np.moveaxis(roll.valid, -2, -1)
+        base = "trloo" if method == "trloo" else "grpo"
+        adv = group_advantages(returns, valid, base)
+        per_turn = (adv * np.moveaxis(roll.scores, -2, -1)).sum(-1) / self.group_size
+        scale = np.asarray(self.weights)
+        if method == "grpo_rescaled":
+            scale = scale / self.shrink()
+        return (per_turn * scale).sum(-1).mean(-1)
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    """Parameter paths of several replicates (``(steps + 1, replicates)``) and their averages."""
+
+    path: np.ndarray
+    average: np.ndarray  # Polyak average of theta over the last ``tail`` of the steps
+
+
+def train_shared(toy: SharedParameterToy, method: str, *, replicates: int, steps: int,
+                 groups_per_step: int, lr: float, rng: np.random.Generator,
+                 theta0: float = 0.0, tail: float = 0.5) -> SharedRun:
+    """Stochastic gradient ascent on the shared parameter, ``theta += lr * update``, for
+    ``replicates`` independent runs at once; the average of the last ``tail`` of the path
+    estimates the method's fixed point (Eq. ``eq-drk-shared-fixed``)."""
+    if not isinstance(toy, SharedParameterToy):
+        raise TypeError("toy must be a SharedParameterToy")
+    toy.turn_weights(method)
+    for value, name in ((replicates, "replicates"), (steps, "steps"),
+                        (groups_per_step, "groups_per_step")):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not lr > 0 or not 0 < tail <= 1:
+        raise ValueError(f"need lr > 0 and tail in (0, 1], got {lr} and {tail}")
+    theta = np.full(replicates, float(theta0))
+    path = np.empty((steps + 1, replicates))
+    path[0] = theta
+    for step in range(steps):
+        theta = theta + lr * toy.gradient_estimates(theta, method, groups_per_step, rng)
+        path[step + 1] = theta
+    start = steps + 1 - max(1, int(round(tail * steps)))
+    return SharedRun(path, path[start:].mean(0))
 
 
 def mismatch_keep(logp_train, logp_rollout, mask=None, *,

@@ -534,3 +534,84 @@ def build_table(draws: int, seed: int, *, wall_repeats: int = 0) -> GymTable:
             evaluations.append(evaluate(cand, TASKS[cand.task], generator,
                                         wall_repeats=wall_repeats))
     return GymTable(tuple(evaluations))
+
+
+@dataclass(frozen=True)
+class TestTimeScaling:
+    """Sequential test-time scaling on a :class:`GymTable` (:func:`sequential_scaling`).
+
+    ``last[e, t]`` says whether the candidate of turn ``t + 1`` of episode ``e`` is fast (correct,
+    not a hack, true speed-up at least 1.2); ``best[name][e, t]`` whether the candidate with the
+    highest reward among the first ``t + 1`` turns, under the reward pipeline ``name``, is fast.
+    """
+
+    last: np.ndarray
+    best: dict
+
+    def last_rate(self) -> np.ndarray:
+        return self.last.mean(0)
+
+    def best_rate(self, name: str) -> np.ndarray:
+        return self.best[name].mean(0)
+
+
+def sequential_scaling(table: GymTable, configs: dict, *, turns: int, episodes: int,
+                       rng: np.random.Generator, policy=(1 / 3, 1 / 3, 1 / 3),
+                       fast: float = 1.2) -> TestTimeScaling:
+    """Sequential refinement on the gym, scored at the last turn and by best-of-turns selection.
+
+    Each episode draws a task. At every turn the policy draws a strategy, then one candidate of
+    that task and strategy uniformly among those not yet seen to fail the correctness check (the
+    feedback of earlier turns; if none is left, any candidate of the task not seen to fail), and
+    one recorded evaluation of it. Selection picks the turn of highest reward (Eq.
+    ``eq-drk-reward``) under each :class:`~icml26.dr_kernel.bandit.RewardConfig` of ``configs``,
+    on the same turns, so the pipelines are compared on identical episodes.
+    """
+    from icml26.dr_kernel.bandit import RewardConfig, kernel_reward
+
+    if not isinstance(table, GymTable):
+        raise TypeError("table must be a GymTable")
+    if not configs or not all(isinstance(c, RewardConfig) for c in configs.values()):
+        raise TypeError("configs must map names to RewardConfig objects")
+    for value, name in ((turns, "turns"), (episodes, "episodes")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    policy = np.asarray(policy, dtype=float)
+    if policy.shape != (len(STRATEGIES),) or np.any(policy < 0) or not np.isclose(policy.sum(), 1):
+        raise ValueError(f"policy must be a probability vector over {STRATEGIES}")
+    ev = table.evaluations
+    labels = sorted({e.label for e in ev})
+    tasks = sorted({e.task for e in ev})
+    draws = {label: [i for i, e in enumerate(ev) if e.label == label] for label in labels}
+    n_draws = min(len(v) for v in draws.values())
+    index = np.array([draws[label][:n_draws] for label in labels])  # (candidates, draws)
+    first = [ev[draws[label][0]] for label in labels]
+    cand_task = np.array([tasks.index(e.task) for e in first])
+    cand_strategy = np.array([STRATEGIES.index(e.strategy) for e in first])
+    columns = table._columns()
+
+    task = rng.integers(len(tasks), size=episodes)
+    failed = np.zeros((episodes, len(labels)), dtype=bool)
+    chosen = np.empty((episodes, turns), dtype=int)
+    for t in range(turns):
+        strategy = np.minimum((rng.random((episodes, 1)) > np.cumsum(policy)).sum(1),
+                              len(STRATEGIES) - 1)
+        of_task = (cand_task[None, :] == task[:, None]) & ~failed
+        allowed = of_task & (cand_strategy[None, :] == strategy[:, None])
+        allowed = np.where(allowed.any(1, keepdims=True), allowed, of_task)
+        pick = np.argmax(rng.random(allowed.shape) * allowed, 1)
+        row = index[pick, rng.integers(n_draws, size=episodes)]
+        chosen[:, t] = row
+        failed[np.arange(episodes), pick] |= ~columns["correct"][row]
+    outcomes = Outcomes(correct=columns["correct"][chosen],
+                        measured_speedup=columns["timer"][chosen],
+                        true_speedup=columns["speedup"][chosen],
+                        coverage=columns["coverage"][chosen], hacked=columns["hacked"][chosen])
+    is_fast = outcomes.correct & ~outcomes.hacked & (outcomes.true_speedup >= fast)
+    best = {}
+    for name, config in configs.items():
+        reward = kernel_reward(outcomes, config)
+        # best of the first t + 1 turns; argmax takes the first turn that reaches the maximum
+        pick = np.stack([np.argmax(reward[:, :t + 1], 1) for t in range(turns)], 1)
+        best[name] = np.take_along_axis(is_fast, pick, 1)
+    return TestTimeScaling(is_fast, best)
