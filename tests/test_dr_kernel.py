@@ -402,14 +402,26 @@ def test_success_mixture_and_fusion_basin():
                                                                - arms.keep_rate[0])
     lazy_star = (beta_star - arms.reward[1]) / (arms.reward[0] - arms.reward[1])
     assert 0.5 < lazy_star < 0.7
-    assert drk.fusion_basin(arms, grid=2001) == pytest.approx(lazy_star, abs=1e-3)
-    # mask first: the kept lazy failures pull the baseline down, fusion gains from any start
-    assert drk.fusion_basin(arms, mask_before_baseline=True, group_size=16) == 1.0
-    # no mask at all: the learner climbs E[r]; lazy (2.07) beats fusion (1.76) everywhere
+    # started just below the tipping point the flow reaches fusion, just above it turns lazy
+    flows = {}
+    for first in (False, True):
+        for lz in (lazy_star - 0.05, lazy_star + 0.05):
+            path = drk.mean_field_policy(arms, steps=400, lr=0.5, start=[lz, 1 - lz],
+                                         mask_before_baseline=first, group_size=16)
+            flows[first, lz > lazy_star] = path[-1, 1]
+    assert flows[False, False] > 0.9 and flows[False, True] < 0.1
+    # mask first: the kept lazy failures pull the baseline down, fusion gains from either start
+    assert flows[True, False] > 0.9 and flows[True, True] > 0.9
+    # no mask at all: the flow is gradient ascent on E_pi[r], lazy (2.07) beats fusion (1.76)
     plain = drk.success_mixture([0.9, 0.4], [2.3, 4.4], [2.3, 4.4], [1.0, 1.0])
-    assert drk.fusion_basin(plain) == 0.0
-    with pytest.raises(ValueError, match="two strategies"):
-        drk.fusion_basin(drk.ArmStatistics(*(np.ones(3),) * 5))
+    path = drk.mean_field_policy(plain, steps=400, lr=0.5)
+    assert path[-1, 0] > 0.9 and np.all(np.diff(path[:, 0]) > 0)
+    # a grid of environments moves at once, each as if alone
+    grid = drk.success_mixture([[0.9, 0.4], [0.9, 0.9]], [2.3, 4.4], [0.0, 4.4], [0.0, 1.0])
+    both = drk.mean_field_policy(grid, steps=50, lr=0.5)
+    alone = drk.mean_field_policy(drk.success_mixture([0.9, 0.9], [2.3, 4.4], [0.0, 4.4],
+                                                      [0.0, 1.0]), steps=50, lr=0.5)
+    np.testing.assert_allclose(both[:, 1], alone, atol=1e-12)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         drk.success_mixture([1.2, 0.5], 1.0, 1.0, 1.0)
 

@@ -246,8 +246,9 @@ def arm_statistics(environment: Callable[[np.ndarray, np.random.Generator], Outc
 
 def _check_pi(pi, arms: ArmStatistics) -> np.ndarray:
     pi = np.asarray(pi, dtype=float)
-    if pi.shape[-1] != arms.reward.size:
-        raise ValueError(f"pi has {pi.shape[-1]} strategies, the statistics {arms.reward.size}")
+    if pi.shape[-1] != np.shape(arms.reward)[-1]:
+        raise ValueError(f"pi has {pi.shape[-1]} strategies, the statistics "
+                         f"{np.shape(arms.reward)[-1]}")
     if np.any(pi < 0) or not np.allclose(pi.sum(-1), 1.0):
         raise ValueError("pi must be a probability vector")
     return pi
@@ -264,12 +265,12 @@ def baseline_mean(pi, arms: ArmStatistics, *, mask_before_baseline: bool = False
     """
     pi = _check_pi(pi, arms)
     if not mask_before_baseline:
-        return pi @ arms.reward
+        return (pi * arms.reward).sum(-1)
     if group_size is None:
         raise ValueError("the mask-first baseline needs the group size")
     K = _check_positive_int(group_size, "group size", 2)
-    rho = pi @ arms.keep_rate
-    kept = pi @ arms.kept_reward
+    rho = (pi * arms.keep_rate).sum(-1)
+    kept = (pi * arms.kept_reward).sum(-1)
     safe = np.where(rho > 0, rho, 1.0)
     return np.where(rho > 0, (1.0 - (1.0 - rho) ** (K - 1)) * kept / safe, 0.0)
 
@@ -313,23 +314,31 @@ def success_mixture(success, reward_if_correct, kept_reward_if_correct, keep_if_
     return ArmStatistics(psi * reward, psi * kept, psi * keep + 1 - psi, zeros, zeros)
 
 
-def fusion_basin(arms: ArmStatistics, *, mask_before_baseline: bool = False,
-                 group_size: int = 16, grid: int = 401) -> float:
-    """The largest lazy mass from which the expected update moves a two-strategy policy (lazy,
-    fuse) towards fusion: the first zero of the drift of ``theta_fuse - theta_lazy`` (Eq.
-    ``eq-drk-drift``) from the fusion end, on a grid of ``grid`` lazy masses in ``(0, 1)``.
+def mean_field_policy(arms: ArmStatistics, *, steps: int, lr: float,
+                      mask_before_baseline: bool = False, group_size: int = 16,
+                      start=None) -> np.ndarray:
+    """The noise-free path of training: ``theta += lr * E[update](softmax(theta))``.
 
-    0 means the policy turns lazy from any start, 1 that it reaches fusion from any start.
+    Every step moves the logits by the exact expected update of Eq. ``eq-drk-drift`` (with the
+    baseline mean of Eq. ``eq-drk-beta-first`` when the mask comes first), so the path is what
+    :func:`train_policies` follows on average when its steps are small. The fields of ``arms``
+    may carry leading axes (a grid of environments, shape ``(..., S)``); ``start`` is the initial
+    policy (uniform by default). Returns the policies, shape ``(steps + 1, ..., S)``.
     """
-    if arms.reward.size != 2:
-        raise ValueError("fusion_basin needs the statistics of two strategies (lazy, fuse)")
-    grid = _check_positive_int(grid, "grid", 3)
-    lazy = np.linspace(0.0, 1.0, grid + 2)[1:-1]
-    pi = np.stack([lazy, 1 - lazy], -1)
-    d = expected_update(pi, arms, mask_before_baseline=mask_before_baseline,
-                        group_size=group_size)
-    gains = d[:, 1] - d[:, 0] > 0
-    if gains.all():
-        return 1.0
-    first_loss = int(np.argmin(gains))
-    return float(lazy[first_loss - 1]) if first_loss > 0 else 0.0
+    steps = _check_positive_int(steps, "steps")
+    if not lr > 0:
+        raise ValueError(f"lr must be positive, got {lr}")
+    shape = np.shape(arms.reward)
+    if start is None:
+        pi = np.full(shape, 1.0 / shape[-1])
+    else:
+        pi = np.broadcast_to(_check_pi(start, arms), shape).copy()
+    theta = np.log(np.maximum(pi, 1e-300))
+    path = np.empty((steps + 1, *shape))
+    path[0] = pi
+    for step in range(steps):
+        theta = theta + lr * expected_update(pi, arms, mask_before_baseline=mask_before_baseline,
+                                             group_size=group_size)
+        pi = _softmax(theta)
+        path[step + 1] = pi
+    return path
