@@ -297,6 +297,8 @@ class SharedParameterToy:
         process = RefinementProcess((0.5,) * len(weights), self.termination, self.group_size)
         object.__setattr__(self, "termination", process.termination)
         object.__setattr__(self, "group_size", process.group_size)
+        object.__setattr__(self, "_survival", process.survival())
+        object.__setattr__(self, "_shrink", process.grpo_prediction())
 
     @property
     def turns(self) -> int:
@@ -308,12 +310,12 @@ class SharedParameterToy:
         return 1.0 / (1.0 + np.exp(-(theta * np.asarray(self.weights) + np.asarray(self.offsets))))
 
     def survival(self) -> np.ndarray:
-        return RefinementProcess((0.5,) * self.turns, self.termination, self.group_size).survival()
+        """``a_t``, the probability that a rollout is alive at turn ``t``."""
+        return self._survival.copy()
 
     def shrink(self) -> np.ndarray:
         """The per-turn GRPO shrink factors of Eq. ``eq-drk-shrink`` (independent of theta)."""
-        return RefinementProcess((0.5,) * self.turns, self.termination,
-                                 self.group_size).grpo_prediction()
+        return self._shrink.copy()
 
     def objective(self, theta) -> np.ndarray:
         """``J(theta) = mu sum_t a_t p_t(theta)``."""
