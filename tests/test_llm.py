@@ -47,6 +47,20 @@ def test_load_with_the_network_refused(lm, monkeypatch):
         assert torch.equal(a, b)
 
 
+def test_network_refused_blocks_remote_connections_and_restores_sockets():
+    connect = socket.socket.connect
+    with llm.network_refused(), socket.socket() as sock:
+        with pytest.raises(ConnectionRefusedError, match="offline"):
+            sock.connect(("192.0.2.1", 80))  # a documentation address: never reached
+        with pytest.raises(ConnectionRefusedError, match="offline"):
+            sock.connect_ex(("example.org", 443))
+    assert socket.socket.connect is connect
+    with llm.network_refused(), socket.socket() as server, socket.socket() as client:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        client.connect(server.getsockname())  # loopback stays open
+
+
 def test_the_model_has_the_published_shape(lm):
     assert (lm.n_layers, lm.d_model) == (30, 576)
     assert sum(p.numel() for p in lm.model.parameters()) == 134_515_008

@@ -6,7 +6,7 @@ with supervised fine-tuning and DPO, its weights quantised to 4 bits (Q4_1). ``t
 dequantises it into a float32 PyTorch model; nothing is downloaded.
 
 * **Loading.** :func:`load` returns a :class:`LanguageModel` (model and tokenizer, float32, eval
-  mode, frozen). The first load writes the dequantised weights to a cache directory keyed by the
+  mode, frozen), with remote connections refused while it runs. The first load writes the dequantised weights to a cache directory keyed by the
   GGUF file's SHA-256 (``_build/models/`` unless told otherwise); later loads read it in
   seconds. Every file of the cache is checked against its manifest, and a corrupted or partial
   cache is rebuilt. :func:`model_source` picks a larger model of the family for the ``full`` tier.
@@ -28,10 +28,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import ipaddress
 import json
 import numbers
 import os
 import shutil
+import socket
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
@@ -110,7 +112,8 @@ def model_source(tier: str) -> Path | None:
 
 def load(source: Path | str | None = None, *, cache_dir: Path | str | None = None,
          device: str | torch.device = "cpu") -> LanguageModel:
-    """Load a model and its tokenizer, float32, in eval mode with frozen weights, offline.
+    """Load a model and its tokenizer, float32, in eval mode with frozen weights, with the network
+    refused (:func:`network_refused`).
 
     ``source`` is ``None`` (the bundled SmolLM2-135M-Instruct GGUF), a path to a GGUF file, or a
     local Hugging Face checkpoint directory (read as it is, no cache). A GGUF is dequantised once
@@ -118,21 +121,49 @@ def load(source: Path | str | None = None, *, cache_dir: Path | str | None = Non
     by default) and read from there afterwards; a cache that fails its manifest is rebuilt.
     """
     path = gguf_path() if source is None else Path(source)
-    if path.is_dir():
-        checkpoint = path
-    elif path.is_file() and path.suffix == ".gguf":
-        checkpoint = _cached_checkpoint(path, _cache_root(cache_dir))
-    else:
+    if not (path.is_dir() or (path.is_file() and path.suffix == ".gguf")):
         raise ValueError(f"source must be a .gguf file or a checkpoint directory, got {path}")
     transformers = _quiet_transformers()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        checkpoint, dtype=torch.float32, local_files_only=True)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    with network_refused():
+        checkpoint = path if path.is_dir() else _cached_checkpoint(path, _cache_root(cache_dir))
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            checkpoint, dtype=torch.float32, local_files_only=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = model.to(device).eval().requires_grad_(False)
     return LanguageModel(model, tokenizer, checkpoint)
+
+
+@contextlib.contextmanager
+def network_refused() -> Iterator[None]:
+    """Inside the block, a socket connection to anything but this machine raises
+    ``ConnectionRefusedError``: loading reads local files only, and fails loudly otherwise."""
+    originals = socket.socket.connect, socket.socket.connect_ex
+
+    def guarded(original):
+        def connect(sock, address):
+            _refuse_remote(address)
+            return original(sock, address)
+        return connect
+
+    socket.socket.connect, socket.socket.connect_ex = map(guarded, originals)
+    try:
+        yield
+    finally:
+        socket.socket.connect, socket.socket.connect_ex = originals
+
+
+def _refuse_remote(address) -> None:
+    if not isinstance(address, tuple) or address[0] in ("localhost", ""):
+        return  # a Unix socket, or this machine by name
+    try:
+        if ipaddress.ip_address(address[0]).is_loopback:
+            return
+    except ValueError:
+        pass
+    raise ConnectionRefusedError(f"icml26.llm loads offline (tried {address!r})")
 
 
 def _cache_root(cache_dir: Path | str | None) -> Path:
