@@ -6,10 +6,11 @@ with supervised fine-tuning and DPO, its weights quantised to 4 bits (Q4_1). ``t
 dequantises it into a float32 PyTorch model; nothing is downloaded.
 
 * **Loading.** :func:`load` returns a :class:`LanguageModel` (model and tokenizer, float32, eval
-  mode, frozen), with remote connections refused while it runs. The first load writes the dequantised weights to a cache directory keyed by the
-  GGUF file's SHA-256 (``_build/models/`` unless told otherwise); later loads read it in
-  seconds. Every file of the cache is checked against its manifest, and a corrupted or partial
-  cache is rebuilt. :func:`model_source` picks a larger model of the family for the ``full`` tier.
+  mode, frozen), with remote connections refused while it runs. The first load writes the
+  dequantised weights to a cache directory keyed by the GGUF file's SHA-256 (``_build/models/``
+  unless told otherwise); later loads read it in seconds. Every file of the cache is checked
+  against its manifest, and a corrupted or partial cache is rebuilt. :func:`model_source` picks a
+  larger model of the family for the ``full`` tier.
 * **Prompts and scores.** :func:`chat` applies the model's own chat template,
   :func:`next_token_logprobs` scores a batch of prompts (left-padded, with position ids that skip
   the padding), :func:`log_odds` compares two answer tokens (``"Yes"`` against ``"No"``) and
