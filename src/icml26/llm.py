@@ -231,11 +231,13 @@ def _build_cache(gguf: Path, digest: str, dest: Path) -> None:
                  for p in sorted(staging.iterdir())}
         manifest = {"gguf": gguf.name, "gguf_sha256": digest, "files": files}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        if cache_is_valid(dest, digest):
+            return  # another process (a chapter built in parallel) finished first
         if dest.exists():
             shutil.rmtree(dest)
         try:
             staging.rename(dest)
-        except OSError:  # another process finished first: fine if its copy is whole
+        except OSError:  # another process renamed its copy in between: fine if it is whole
             if not cache_is_valid(dest, digest):
                 raise
 
