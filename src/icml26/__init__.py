@@ -1,9 +1,10 @@
 """ICML 2026 in Code: the tested implementations behind the book's chapters.
 
 Shared building blocks live in :mod:`icml26.core`, :mod:`icml26.claims`, :mod:`icml26.plotting`,
-:mod:`icml26.kernels`, :mod:`icml26.data`, :mod:`icml26.language` and :mod:`icml26.nn`; each
-chapter has one module named after it (``from icml26 import mod_two_sample``). The machinery that
-builds the book lives apart in :mod:`icml26.toolchain`, driven by the ``icml26`` command.
+:mod:`icml26.kernels`, :mod:`icml26.data`, :mod:`icml26.language`, :mod:`icml26.nn` and
+:mod:`icml26.llm`; each chapter has one module named after it (``from icml26 import
+mod_two_sample``). The machinery that builds the book lives apart in :mod:`icml26.toolchain`,
+driven by the ``icml26`` command.
 """
 
 import os

@@ -54,6 +54,7 @@ from icml26.toolchain.chapters import (
 from icml26.toolchain.labs import export_notebook
 
 LOCK_FILE = ROOT / "requirements" / "lock.txt"
+NODEPS_FILE = ROOT / "requirements" / "nodeps.txt"  # data packages, installed without deps
 PIPELINE_VERSION = "3"  # bump to invalidate every cached notebook
 STATUS_TABLE = "book/appendix/_status_table.md"  # written by the build, included by status.md
 
@@ -135,7 +136,8 @@ def cache_key(chapter: Chapter, tier: str, seed: int) -> str:
     add("pipeline", PIPELINE_VERSION.encode())
     add("python", platform.python_version().encode())
     add("chapter", chapter.source.read_bytes())
-    add("lock", LOCK_FILE.read_bytes() if LOCK_FILE.exists() else b"")
+    for label, pins in (("lock", LOCK_FILE), ("nodeps", NODEPS_FILE)):
+        add(label, pins.read_bytes() if pins.exists() else b"")
     add("parameters", json.dumps({"TIER": tier, "SEED": seed}).encode())
     for file in module_closure(_code_cells(chapter.source)):
         add(str(file.relative_to(PACKAGE_DIR)), file.read_bytes())
