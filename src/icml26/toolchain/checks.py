@@ -81,12 +81,7 @@ class LocalSubmission:
 
     def ask(self, request: Request) -> object:
         text = answer(unpack(request.pack()), self.namespace)
-        return unwrap(_subject(request), decode(text))
-
-
-def _subject(request: Request) -> str:
-    return request.name if request.kind == "call" else (
-        "the submission" if request.kind == "describe" else "the check's expression")
+        return unwrap(request.subject, decode(text))
 
 
 class RemoteFunction:
@@ -101,13 +96,10 @@ class RemoteFunction:
     def map(self, calls: Iterable[tuple]) -> list:
         """``[f(*args) for args in calls]`` in one request (many small calls at once)."""
         source = "[__function(*__args) for __args in __calls]"
-        request = Request("evaluate", source=source, forbid=self.forbid,
-                          kwargs={"__function": NamespaceFunction(self.name),
-                                  "__calls": [tuple(c) for c in calls]})
-        try:
-            return self.submission.ask(request)
-        except SubmissionError as error:
-            raise type(error)(str(error).replace("the check's expression", self.name)) from None
+        return self.submission.ask(Request(
+            "evaluate", source=source, forbid=self.forbid, about=self.name,
+            kwargs={"__function": NamespaceFunction(self.name),
+                    "__calls": [tuple(c) for c in calls]}))
 
     def __reduce__(self):  # handed to the submission as an argument: its own function by name
         return (NamespaceFunction, (self.name,))

@@ -133,7 +133,8 @@ def _cell(source: str) -> nbformat.NotebookNode:
 
 def _error_line(error: Exception) -> str:
     if isinstance(error, CellExecutionError):
-        return f"{error.ename}: {error.evalue}".strip().splitlines()[-1]
+        text = f"{error.ename}: {error.evalue}" if str(error.evalue).strip() else error.ename
+        return text.strip().splitlines()[-1]
     return traceback.format_exception_only(error)[-1].strip()
 
 
@@ -214,7 +215,7 @@ class KernelSubmission:
         self.session, self.deadline = session, deadline
 
     def ask(self, request: Request) -> object:
-        what = request.name if request.kind == "call" else "the submission"
+        what = request.subject
         if time.perf_counter() > self.deadline:
             raise SubmissionError(f"the submission ran over its "
                                   f"{self.session.limits.submission_seconds:g} s limit")

@@ -175,7 +175,7 @@ def decode(text: str) -> dict:
 class Request:
     """One question to a submission: ``kind`` is "describe" (``names``), "call" (``name`` on
     ``args``/``kwargs``) or "evaluate" (``source`` with ``kwargs`` bound); library functions
-    named in ``forbid`` raise while it runs."""
+    named in ``forbid`` raise while it runs; ``about`` names it in messages."""
 
     kind: str
     name: str = ""
@@ -184,10 +184,19 @@ class Request:
     names: tuple[str, ...] = ()
     source: str = ""
     forbid: tuple[str, ...] = ()
+    about: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in ("describe", "call", "evaluate"):
             raise ValueError(f"unknown request kind {self.kind!r}")
+
+    @property
+    def subject(self) -> str:
+        """What a message about the answer calls it."""
+        if self.about:
+            return self.about
+        return {"call": self.name, "describe": "the submission"}.get(self.kind,
+                                                                      "the check's expression")
 
     def pack(self) -> str:
         """The request as base64 text, ready to paste into a cell."""
