@@ -33,7 +33,7 @@ import numpy as np
 ANSWER_MIME = "application/vnd.icml26.answer+json"
 MAX_ANSWER_BYTES = 64 * 2**20
 _ARRAY_KINDS = "biufc"  # bool, signed, unsigned, float, complex: numbers only
-_TAGS = ("tuple", "list", "dict", "ndarray", "tensor", "fraction", "float")
+_TAGS = ("tuple", "dict", "ndarray", "tensor", "fraction", "float")
 
 
 class DataError(ValueError):
@@ -103,11 +103,10 @@ def _value(item: object) -> object:
     if type(item) is not dict or len(item) != 1 or next(iter(item)) not in _TAGS:
         raise DataError(f"not a tagged value: {str(item)[:80]}")
     (tag, body), = item.items()
-    if tag in ("tuple", "list"):
+    if tag == "tuple":
         if type(body) is not list:
-            raise DataError(f"a {tag} must travel as a list")
-        values = [_value(x) for x in body]
-        return tuple(values) if tag == "tuple" else values
+            raise DataError("a tuple must travel as a list")
+        return tuple(_value(x) for x in body)
     if tag == "dict":
         if type(body) is not list or not all(type(p) is list and len(p) == 2 for p in body):
             raise DataError("a dict must travel as a list of pairs")
