@@ -3,6 +3,7 @@ kernels over Unix sockets only, and bad build options."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -190,3 +191,31 @@ def test_default_jobs_use_half_the_cores(monkeypatch):
     assert pipeline.default_jobs() == 8
     monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 1)
     assert pipeline.default_jobs() == 1
+
+
+def test_a_dask_worker_running_other_source_is_refused_before_any_chapter(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    edited = tmp_path / "icml26"
+    shutil.copytree(pipeline.PACKAGE_DIR, edited, ignore=shutil.ignore_patterns("__pycache__"))
+    with (edited / "core.py").open("a") as handle:
+        handle.write("\n# edited on the worker only\n")
+
+    def use_edited_source(path):  # inside the worker process: its icml26 is the edited copy
+        from icml26.toolchain import pipeline as worker_pipeline
+
+        worker_pipeline.PACKAGE_DIR = Path(path)
+
+    out = tmp_path / "out"
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        client.run(use_edited_source, str(edited))
+        with pytest.raises(pipeline.PipelineError) as refused:
+            pipeline.build("smoke", 0, out_root=out, dask=cluster.scheduler_address,
+                           report=lambda line: None)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert re.fullmatch(r"Dask worker tcp://\S+ refused: it differs from the caller in icml26 "
+                        r"source hash \([0-9a-f]{12} there, [0-9a-f]{12} here\); run every "
+                        r"worker on the caller's commit, pins and icml26 source", message), message
+    assert not out.exists()

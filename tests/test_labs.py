@@ -149,7 +149,10 @@ def test_grading_refuses_a_notebook_that_was_not_exported(tmp_path):
     path = tmp_path / "plain.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]), path)
     grade = grading.grade_submission(CHAPTERS[0].slug, path)
-    assert not grade.exercises and "not a notebook exported" in grade.error
+    assert grade.error.startswith("not the lab notebook: this notebook was not exported by")
+    assert grade.exercises and not any(e.graded or e.points for e in grade.exercises)
+    assert grade.max_total == sum(grading.load_checks(CHAPTERS[0].slug)[e.exercise].points
+                                  for e in grade.exercises)
 
 
 def test_cli_check_exit_code_and_summary(exported, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import nbformat
@@ -203,3 +204,48 @@ def test_failing_cell_number_ignores_papermill_banners(tmp_path):
     source = _myst(tmp_path / "nb.md", "raise ValueError('first code cell')")
     with pytest.raises(pipeline.PipelineError, match="cell 3 of the source"):
         pipeline.execute_notebook(source, tmp_path / "out.ipynb", "smoke", 0)
+
+
+def test_cache_key_covers_the_data_files_a_chapter_reads(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    shutil.copytree(pipeline.DATA_DIR, data)
+    monkeypatch.setattr(pipeline, "DATA_DIR", data)
+    chapters = pipeline.chapters()
+    before = {c.slug: pipeline.cache_key(c, "smoke", 0) for c in chapters}
+    assert [p.name for p in pipeline.data_files([pipeline._code_cells(c.source) for c in chapters]
+                                                + ["icml26/rita.py: rita_prompts.npy"])] \
+        == ["rita_prompts.npy"]
+    prompts = data / "rita_prompts.npy"
+    prompts.write_bytes(prompts.read_bytes()[:-1] + b"\x01")
+    after = {c.slug: pipeline.cache_key(c, "smoke", 0) for c in chapters}
+    assert [slug for slug in before if before[slug] != after[slug]] == ["rita"]
+
+
+def test_runs_at_other_seeds_and_tiers_live_side_by_side(tmp_path, fake_package):
+    _, chapter = fake_package
+    cache = tmp_path / "cache"
+    runs = [pipeline.run_chapter(chapter, tier, seed, tmp_path / f"{tier}{seed}.ipynb",
+                                 cache=cache)
+            for tier, seed in [("smoke", 0), ("smoke", 1), ("book", 0), ("smoke", 0),
+                               ("smoke", 1), ("book", 0)]]
+    assert [r.cached for r in runs] == [False, False, False, True, True, True]
+    assert len({r.key for r in runs}) == 3
+
+
+def test_the_cache_keeps_the_most_recently_used_runs(tmp_path, fake_package, monkeypatch):
+    _, chapter = fake_package
+    executed = []
+
+    def execute(source, output, tier, seed, label=""):
+        executed.append(seed)
+        nbformat.write(nbformat.v4.new_notebook(), output)
+        return 0.5
+
+    monkeypatch.setattr(pipeline, "execute_notebook", execute)
+    monkeypatch.setattr(pipeline, "CACHE_RUNS_PER_CHAPTER", 2)
+    cache = tmp_path / "cache"
+    for seed in (0, 1, 0, 2, 0, 1):  # 1 is the least recently used when 2 arrives
+        pipeline.run_chapter(chapter, "smoke", seed, tmp_path / "out.ipynb", cache=cache)
+        time.sleep(0.02)  # file times order the uses
+    assert executed == [0, 1, 2, 1]
+    assert len(list(cache.glob("*.ipynb"))) == len(list(cache.glob("*.json"))) == 2

@@ -93,11 +93,16 @@ def _positive(text: str, option: str) -> float:
     return value
 
 
+def _grading_seed(args: argparse.Namespace) -> int | None:
+    return None if args.seed is None else _seed(args.seed)
+
+
 def _check(args: argparse.Namespace) -> int:
     notebook = Path(args.notebook)
     if not notebook.is_file():
         raise ValueError(f"no such notebook: {notebook}")
-    grade = grading.grade_submission(args.slug, notebook, _tier(args.tier), _limits(args))
+    grade = grading.grade_submission(args.slug, notebook, _tier(args.tier), _limits(args),
+                                     seed=_grading_seed(args))
     if grade.error:
         raise ValueError(f"{notebook}: {grade.error}")
     for result in grade.exercises:
@@ -111,7 +116,7 @@ def _check(args: argparse.Namespace) -> int:
 def _grade(args: argparse.Namespace) -> int:
     jobs = None if args.jobs is None else pipeline.validate_jobs(args.jobs)
     grades = grading.grade_folder(args.slug, Path(args.submissions), tier=_tier(args.tier),
-                                  limits=_limits(args), jobs=jobs,
+                                  limits=_limits(args), jobs=jobs, seed=_grading_seed(args),
                                   report=lambda line: print(line, flush=True))
     target = grading.write_gradebook(grades, Path(args.out))
     print(grading.summary_table(grades))
@@ -181,6 +186,8 @@ def parser() -> argparse.ArgumentParser:
         sub.add_argument("--cell-timeout", default="120", help="seconds per cell (default 120)")
         sub.add_argument("--timeout", default="900", help="seconds per submission (default 900)")
         sub.add_argument("--memory", default="4096", help="MiB of memory per kernel (4096)")
+        sub.add_argument("--seed", help="grading seed of the checks' inputs (default: a fresh "
+                                        "one per submission, written in the gradebook)")
     claims = commands.add_parser("claims", help="print the ledger of checks of the last build")
     claims.add_argument("--out-root", help="folder holding _build/ (default: the repository)")
     claims.set_defaults(handler=_claims)

@@ -8,25 +8,25 @@ and code cells) is the solution. From that one source:
 * the **student** notebook drops the solution prose and replaces each solution code cell by a stub:
   every function keeps its signature and docstring and raises ``NotImplementedError``;
 * both get a ``check("LABEL")`` cell after each exercise, which runs the checks kept in
-  ``tests/labs/<slug>/<label>.py`` (otter-grader style: ``test_*`` functions whose arguments are
-  looked up by name in the notebook's namespace).
+  ``tests/labs/<slug>/<label>.py`` against the notebook's namespace (see
+  :mod:`icml26.toolchain.checks`; grading runs the same checks outside the student's kernel).
 """
 
 from __future__ import annotations
 
 import ast
 import copy
-import importlib.util
 import inspect
 import re
-import traceback
-from collections.abc import Callable, Iterator
+import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
 from icml26.toolchain.chapters import ROOT, Chapter, chapters, read_source
+from icml26.toolchain.checks import CheckResult, LocalSubmission, load_check, run_check
 
 LABS_DIR = ROOT / "tests" / "labs"
 META = "icml26"  # cell metadata key: {"role": "setup" | "solution" | "check", "exercise": label}
@@ -192,22 +192,7 @@ def export_chapter(chapter: Chapter, out_dir: Path, student: bool) -> Path:
     return target
 
 
-# --- Checks ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    exercise: str
-    passed: bool
-    message: str
-
-
-def load_check_module(path: Path):
-    """Import a check file as a module (its ``name``, ``points`` and ``test_*`` functions)."""
-    spec = importlib.util.spec_from_file_location(f"icml26_lab_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# --- Checks ---------------------------------------------------------------------------------
 
 
 def check_files(slug: str) -> dict[str, Path]:
@@ -226,32 +211,16 @@ def _find_check_file(label: str) -> Path:
     raise LabError(f"no check for exercise {label!r} under {LABS_DIR}")
 
 
-def run_check(path: Path, namespace: dict) -> CheckResult:
-    """Run every ``test_*`` function of one check file, arguments taken from ``namespace``."""
-    module = load_check_module(path)
-    label = getattr(module, "name", path.stem)
-    tests: list[Callable] = [f for n, f in vars(module).items() if n.startswith("test_")]
-    for test in tests:
-        names = list(inspect.signature(test).parameters)
-        missing = [name for name in names if name not in namespace]
-        if missing:
-            return CheckResult(label, False, f"{test.__name__}: define {', '.join(missing)} first")
-        try:
-            test(*(namespace[name] for name in names))
-        except NotImplementedError:
-            return CheckResult(label, False, f"{test.__name__}: not implemented yet")
-        except AssertionError as error:
-            return CheckResult(label, False, f"{test.__name__}: {error or 'assertion failed'}")
-        except Exception as error:  # a student's bug: report it, keep grading the rest
-            last = traceback.format_exception_only(error)[-1].strip()
-            return CheckResult(label, False, f"{test.__name__} raised {last}")
-    return CheckResult(label, True, f"all {len(tests)} checks passed")
+def check(label: str, namespace: dict | None = None, seed: int | None = None) -> CheckResult:
+    """Check one exercise from inside a notebook: ``check("mod-ex-statistic")``.
 
-
-def check(label: str, namespace: dict | None = None) -> CheckResult:
-    """Check one exercise from inside a notebook: ``check("mod-ex-statistic")``."""
+    Feedback for the notebook's author: the checks run here, against this namespace, through the
+    same wire as grading (answers must be data). Grades come from ``icml26 check`` and
+    ``icml26 grade``, which run the checks outside the submission's kernel.
+    """
     if namespace is None:
         namespace = inspect.currentframe().f_back.f_globals
-    result = run_check(_find_check_file(label), namespace)
+    seed = secrets.randbits(32) if seed is None else seed
+    result = run_check(load_check(_find_check_file(label)), LocalSubmission(namespace), seed)
     print(f"{'PASS' if result.passed else 'FAIL'} {result.exercise}: {result.message}")
     return result

@@ -55,7 +55,9 @@ from icml26.toolchain.labs import export_notebook
 
 LOCK_FILE = ROOT / "requirements" / "lock.txt"
 NODEPS_FILE = ROOT / "requirements" / "nodeps.txt"  # data packages, installed without deps
+DATA_DIR = ROOT / "data"
 PIPELINE_VERSION = "3"  # bump to invalidate every cached notebook
+CACHE_RUNS_PER_CHAPTER = 8  # cached runs kept per chapter (seeds and tiers), least recent out
 STATUS_TABLE = "book/appendix/_status_table.md"  # written by the build, included by status.md
 
 
@@ -126,8 +128,18 @@ def module_closure(code: str) -> list[Path]:
     return sorted(files.values())
 
 
+def data_files(texts: list[str]) -> list[Path]:
+    """The data files (``data/``, not its README or scripts) whose names ``texts`` mention."""
+    if not DATA_DIR.is_dir():
+        return []
+    files = [p for p in sorted(DATA_DIR.iterdir())
+             if p.is_file() and p.suffix not in (".md", ".py") and not p.name.startswith(".")]
+    return [p for p in files if any(p.name in text for text in texts)]
+
+
 def cache_key(chapter: Chapter, tier: str, seed: int) -> str:
-    """Hash of the chapter source, its ``icml26`` modules, the pins and the parameters."""
+    """Hash of the chapter source, its ``icml26`` modules, the data files they read (by
+    content), the pins and the parameters."""
     digest = hashlib.sha256()
 
     def add(label: str, data: bytes) -> None:
@@ -139,8 +151,13 @@ def cache_key(chapter: Chapter, tier: str, seed: int) -> str:
     for label, pins in (("lock", LOCK_FILE), ("nodeps", NODEPS_FILE)):
         add(label, pins.read_bytes() if pins.exists() else b"")
     add("parameters", json.dumps({"TIER": tier, "SEED": seed}).encode())
-    for file in module_closure(_code_cells(chapter.source)):
+    code = _code_cells(chapter.source)
+    modules = module_closure(code)
+    for file in modules:
         add(str(file.relative_to(PACKAGE_DIR)), file.read_bytes())
+    texts = [code, *(file.read_text(encoding="utf-8") for file in modules)]
+    for file in data_files(texts):
+        add(f"data/{file.name}", file.read_bytes())
     return digest.hexdigest()
 
 
@@ -278,6 +295,7 @@ def cached_run(chapter: Chapter, tier: str, seed: int, output: Path,
     _copy_if_changed(notebook, output)
     record = RunRecord(**json.loads(record_file.read_text()))
     record.cached = True
+    os.utime(record_file)  # recently used: evicted last
     return record
 
 
@@ -289,12 +307,23 @@ def store_run(chapter: Chapter, tier: str, seed: int, output: Path, seconds: flo
     record = RunRecord(chapter.slug, tier, seed, round(seconds, 2), count_claims(output), False,
                        key, finished)
     cache.mkdir(parents=True, exist_ok=True)
-    for stale in cache.glob(f"{chapter.slug}-{tier}-*"):
-        stale.unlink()
     cached = _cached_notebook(chapter, tier, key, cache)
     shutil.copyfile(output, cached)
     cached.with_suffix(".json").write_text(json.dumps(asdict(record), indent=1))
+    _evict(chapter, cache)
     return record
+
+
+def _evict(chapter: Chapter, cache: Path, keep: int | None = None) -> None:
+    """Keep the ``keep`` (default :data:`CACHE_RUNS_PER_CHAPTER`) most recently used runs of
+    ``chapter``, over every tier and seed; remove the rest."""
+    keep = CACHE_RUNS_PER_CHAPTER if keep is None else keep
+    pattern = re.compile(rf"{re.escape(chapter.slug)}-[a-z]+-[0-9a-f]{{20}}\.json")
+    records = [p for p in cache.glob(f"{chapter.slug}-*.json") if pattern.fullmatch(p.name)]
+    records.sort(key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for stale in records[keep:]:
+        stale.with_suffix(".ipynb").unlink(missing_ok=True)
+        stale.unlink()
 
 
 def run_chapter(
@@ -466,14 +495,58 @@ def validate_jobs(jobs: object) -> int:
     return jobs
 
 
-def connect_dask(address: str, timeout: float = 10.0):
-    """A client of the Dask scheduler at ``address``; an unreachable one is a PipelineError."""
+def environment_fingerprint(root: Path = ROOT) -> dict[str, str]:
+    """What a run depends on besides its chapter: the commit of the book at ``root``, its pins
+    (``requirements/lock.txt``), the Python version and the imported ``icml26`` source (every
+    module, by content)."""
+    source = hashlib.sha256()
+    for file in sorted(PACKAGE_DIR.rglob("*.py")):
+        if "__pycache__" not in file.parts:
+            source.update(str(file.relative_to(PACKAGE_DIR)).encode() + b"\0"
+                          + hashlib.sha256(file.read_bytes()).digest())
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=False,
+                                capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    lock = root / "requirements" / "lock.txt"
+    pins = lock.read_bytes() if lock.exists() else b""
+    return {"commit": commit or "unknown", "python": platform.python_version(),
+            "pins": hashlib.sha256(pins).hexdigest(), "icml26 source hash": source.hexdigest()}
+
+
+def check_workers(client, root: Path = ROOT) -> None:
+    """Refuse a Dask cluster any of whose workers (each with its own checkout) runs another
+    environment than this process building ``root`` (:func:`environment_fingerprint`): a
+    one-line :class:`PipelineError` naming the difference."""
+    here = environment_fingerprint(root)
+    workers = client.run(environment_fingerprint)
+    if not workers:
+        raise PipelineError("the Dask cluster has no workers")
+    for address, theirs in sorted(workers.items()):
+        differences = [f"{name} ({str(theirs.get(name))[:12]} there, {value[:12]} here)"
+                       for name, value in here.items() if theirs.get(name) != value]
+        if differences:
+            raise PipelineError(f"Dask worker {address} refused: it differs from the caller in "
+                                f"{'; '.join(differences)}; run every worker on the caller's "
+                                f"commit, pins and icml26 source")
+
+
+def connect_dask(address: str, timeout: float = 10.0, root: Path = ROOT):
+    """A client of the Dask scheduler at ``address`` whose workers all run this environment
+    (:func:`check_workers`); an unreachable scheduler or a different worker is a PipelineError."""
     from distributed import Client
 
     try:
-        return Client(address, timeout=timeout, set_as_default=False)
+        client = Client(address, timeout=timeout, set_as_default=False)
     except (OSError, TimeoutError) as error:
         raise PipelineError(f"cannot reach the Dask scheduler at {address}: {error}") from None
+    try:
+        check_workers(client, root)
+    except BaseException:
+        client.close()
+        raise
+    return client
 
 
 def _failure_notebook(chapter: Chapter, message: str) -> nbformat.NotebookNode:
@@ -599,7 +672,7 @@ def build(
     """
     validate_parameters(tier, seed)
     jobs = default_jobs() if jobs is None else validate_jobs(jobs)
-    client = connect_dask(dask) if dask else None  # before anything touches the cache
+    client = connect_dask(dask, root=root) if dask else None  # before anything touches the cache
     selected = chapters(root)
     stage = out_root / "_build" / ("student-stage" if student else "stage")
     total = time.perf_counter()

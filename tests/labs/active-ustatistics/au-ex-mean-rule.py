@@ -1,16 +1,15 @@
 """Exercise au-ex-mean-rule: the variance-minimising inclusion rule for the mean."""
 
+import numpy as np
+
+from icml26 import active_ustatistics as au
+
 OK_FORMAT = False
 name = "au-ex-mean-rule"
 points = 3
 
 
-def test_is_the_water_filling_rule(mean_rule):
-    import numpy as np
-
-    from icml26 import active_ustatistics as au
-
-    rng = np.random.default_rng(0)
+def test_is_the_water_filling_rule(mean_rule, rng):
     for size, budget in [(200, 20), (50, 30), (400, 5)]:
         sd = rng.gamma(0.5, size=size)
         pi = mean_rule(sd, budget)
@@ -19,12 +18,7 @@ def test_is_the_water_filling_rule(mean_rule):
         assert np.allclose(pi, au.water_filling(sd, budget), atol=1e-6), "not the optimal rule"
 
 
-def test_beats_uniform_and_random_rules(mean_rule):
-    import numpy as np
-
-    from icml26 import active_ustatistics as au
-
-    rng = np.random.default_rng(1)
+def test_beats_uniform_and_random_rules(mean_rule, rng):
     sd = rng.gamma(1.0, size=300)
     best = np.sum(sd**2 / mean_rule(sd, 40))
     assert best < np.sum(sd**2 / au.uniform_inclusion(300, 40)), "uniform sampling does better"
@@ -34,10 +28,6 @@ def test_beats_uniform_and_random_rules(mean_rule):
 
 
 def test_lowers_the_variance_of_the_active_mean(mean_rule):
-    import numpy as np
-
-    from icml26 import active_ustatistics as au
-
     rng = np.random.default_rng(2)
     n = 400
     x = rng.uniform(size=n)

@@ -1,16 +1,15 @@
 """Exercise au-ex-variance: the standard error of the AIPW U-statistic, by hand."""
 
+import numpy as np
+
+from icml26 import active_ustatistics as au
+
 OK_FORMAT = False
 name = "au-ex-variance"
 points = 3
 
 
-def test_matches_the_library(aipw_std_error):
-    import numpy as np
-
-    from icml26 import active_ustatistics as au
-
-    rng = np.random.default_rng(3)
+def test_matches_the_library(aipw_std_error, rng):
     for n in (30, 55):
         y = rng.exponential(size=n)
         y_hat = y + 0.4 * rng.standard_normal(n)

@@ -1,14 +1,13 @@
 """Exercise aniso-ex-all-but-top: centre and project out the top principal directions."""
 
+import numpy as np
+
 OK_FORMAT = False
 name = "aniso-ex-all-but-top"
 points = 2
 
 
-def test_result_is_centred_and_orthogonal_to_the_top_directions(remove_top_directions):
-    import numpy as np
-
-    rng = np.random.default_rng(0)
+def test_result_is_centred_and_orthogonal_to_the_top_directions(remove_top_directions, rng):
     H = rng.standard_normal((300, 9)) * np.linspace(0.2, 3.0, 9) + 4.0
     centred = H - H.mean(axis=0)
     assert np.allclose(remove_top_directions(H, 0), centred)

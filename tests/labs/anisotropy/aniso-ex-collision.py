@@ -1,13 +1,15 @@
 """Exercise aniso-ex-collision: the mean cosine explained by token identity and frequency."""
 
+import numpy as np
+
+from icml26 import anisotropy as an
+
 OK_FORMAT = False
 name = "aniso-ex-collision"
 points = 2
 
 
 def test_orthogonal_types_give_the_collision_probability(predicted_mean_cosine):
-    import numpy as np
-
     q = np.random.default_rng(0).dirichlet(np.ones(7))
     types = 3.0 * np.eye(7)
     value = float(predicted_mean_cosine(types, q))
@@ -15,10 +17,6 @@ def test_orthogonal_types_give_the_collision_probability(predicted_mean_cosine):
 
 
 def test_matches_a_large_sample(predicted_mean_cosine):
-    import numpy as np
-
-    from icml26 import anisotropy as an
-
     rng = np.random.default_rng(1)
     q = rng.dirichlet(np.full(12, 0.7))
     types = rng.standard_normal((12, 5)) + 0.5

@@ -1,16 +1,15 @@
 """Exercise aniso-ex-frequency: gradient-energy enrichment per token-frequency bucket."""
 
+import numpy as np
+
+from icml26 import anisotropy as an
+
 OK_FORMAT = False
 name = "aniso-ex-frequency"
 points = 3
 
 
-def test_one_bucket_is_the_overall_enrichment(enrichment_by_frequency):
-    import numpy as np
-
-    from icml26 import anisotropy as an
-
-    rng = np.random.default_rng(0)
+def test_one_bucket_is_the_overall_enrichment(enrichment_by_frequency, rng):
     G = rng.standard_normal((200, 10))
     Q = an.orthonormal_basis(rng.standard_normal((3, 10)))
     tokens = rng.integers(0, 5, size=200)
@@ -21,10 +20,6 @@ def test_one_bucket_is_the_overall_enrichment(enrichment_by_frequency):
 
 
 def test_buckets_are_ordered_rarest_first(enrichment_by_frequency):
-    import numpy as np
-
-    from icml26 import anisotropy as an
-
     rng = np.random.default_rng(1)
     d, k = 12, 3
     Q = an.orthonormal_basis(rng.standard_normal((k, d)))

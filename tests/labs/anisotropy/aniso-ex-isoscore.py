@@ -1,16 +1,16 @@
 """Exercise aniso-ex-isoscore: IsoScore, the fraction of dimensions used uniformly."""
 
+import itertools
+
+import numpy as np
+from scipy.stats import ortho_group
+
 OK_FORMAT = False
 name = "aniso-ex-isoscore"
 points = 2
 
 
 def test_exact_values_on_equal_variance_subspaces(isoscore):
-    import itertools
-
-    import numpy as np
-    from scipy.stats import ortho_group
-
     d = 12
     R = ortho_group.rvs(d, random_state=0)
     for r in (1, 2, 4, 6):
@@ -23,8 +23,6 @@ def test_exact_values_on_equal_variance_subspaces(isoscore):
 
 
 def test_invariances_and_extremes(isoscore):
-    import numpy as np
-
     rng = np.random.default_rng(1)
     H = rng.standard_normal((3000, 8)) * np.linspace(0.5, 2.0, 8)
     base = float(isoscore(H))

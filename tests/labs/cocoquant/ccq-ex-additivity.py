@@ -1,14 +1,13 @@
 """Exercise ccq-ex-additivity: additivity of quadratic loss increases."""
 
+import numpy as np
+
 OK_FORMAT = False
 name = "ccq-ex-additivity"
 points = 2
 
 
-def test_cross_term(additivity_ratio_quadratic):
-    import numpy as np
-
-    rng = np.random.default_rng(0)
+def test_cross_term(additivity_ratio_quadratic, rng):
     M = rng.standard_normal((5, 5))
     A = M @ M.T + np.eye(5)
     e1, e2 = rng.standard_normal(5), rng.standard_normal(5)

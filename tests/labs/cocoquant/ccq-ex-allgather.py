@@ -1,13 +1,13 @@
 """Exercise ccq-ex-allgather: the largest degree at which a quantised all-gather pays."""
 
+from icml26 import cocoquant as cq
+
 OK_FORMAT = False
 name = "ccq-ex-allgather"
 points = 2
 
 
 def test_against_the_byte_counts(largest_useful_degree):
-    from icml26 import cocoquant as cq
-
     def cheaper(p, bits, width, tokens=8):
         gather = (p - 1) * cq.payload_bytes(tokens, width, f"c{bits}")
         ring = 2 * (p - 1) / p * cq.payload_bytes(tokens, width, "c16")

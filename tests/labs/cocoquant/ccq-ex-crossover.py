@@ -1,13 +1,13 @@
 """Exercise ccq-ex-crossover: the link bandwidth at which communication equals computation."""
 
+from icml26 import cocoquant as cq
+
 OK_FORMAT = False
 name = "ccq-ex-crossover"
 points = 2
 
 
 def test_matches_the_cost_model(crossover_bandwidth):
-    from icml26 import cocoquant as cq
-
     big = cq.Deployment(tokens=2**16, d_model=2048, d_mlp=8192, n_heads=16, n_layers=1)
     for bits, option in ((16, "c16"), (8, "c8"), (4, "c4")):
         beta = crossover_bandwidth(312e12, 2048, 2, bits)

@@ -1,15 +1,15 @@
 """Exercise dt2-ex-threshold: where the counterexample's ranking flips, and its price."""
 
+import numpy as np
+
+from icml26 import decision_twins as dt
+
 OK_FORMAT = False
 name = "dt2-ex-threshold"
 points = 2
 
 
 def test_boundary_and_price(ranking_boundary, price):
-    import numpy as np
-
-    from icml26 import decision_twins as dt
-
     for target, b in [(0.6, 0.8), (0.6, 0.9), (0.5, 0.85)]:
         example = dt.Counterexample(target, 1.0, b)
         fine = np.linspace(0.01, 1.5, 150_001)

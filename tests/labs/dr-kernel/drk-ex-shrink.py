@@ -1,14 +1,14 @@
 """Exercise drk-ex-shrink: the closed-form shrink factor of turn-level GRPO."""
 
+import numpy as np
+from scipy import stats
+
 OK_FORMAT = False
 name = "drk-ex-shrink"
 points = 2
 
 
 def test_matches_the_binomial_sum(shrink_factor):
-    import numpy as np
-    from scipy import stats
-
     for K, a in ((2, 0.5), (4, 0.25), (9, 0.7), (16, 0.05)):
         n = np.arange(K + 1)
         exact = np.sum(stats.binom.pmf(n, K, a) * np.maximum(n - 1, 0)) / (K * a)

@@ -1,15 +1,15 @@
 """Exercise dst-ex-matched: a matched probe value is a matched behaviour only for parallel pairs."""
 
+import numpy as np
+
+from icml26 import dual_steering as ds
+
 OK_FORMAT = False
 name = "dst-ex-matched"
 points = 3
 
 
 def test_gap_vanishes_for_parallel_pairs_only(ratio_gap_at_matched_probe):
-    import numpy as np
-
-    from icml26 import dual_steering as ds
-
     rng = np.random.default_rng(7)
     base, target = np.arange(6), np.arange(6, 12)
     G = rng.standard_normal((18, 4))

@@ -1,16 +1,16 @@
 """Exercise dst-ex-mirror: the reverse-KL projection onto a dual probe level is tilting."""
 
+import numpy as np
+import pytest
+
+from icml26 import dual_steering as ds
+
 OK_FORMAT = False
 name = "dst-ex-mirror"
 points = 3
 
 
-def test_solution_is_on_the_primal_line_and_feasible(mirror_projection):
-    import numpy as np
-
-    from icml26 import dual_steering as ds
-
-    rng = np.random.default_rng(5)
+def test_solution_is_on_the_primal_line_and_feasible(mirror_projection, rng):
     G = rng.standard_normal((20, 3))
     lam0, v = rng.standard_normal(3), rng.standard_normal(3)
     level = float(v @ ds.mean_parameter(G, lam0) - 0.4)
@@ -21,10 +21,6 @@ def test_solution_is_on_the_primal_line_and_feasible(mirror_projection):
 
 
 def test_no_feasible_point_has_smaller_reverse_kl(mirror_projection):
-    import numpy as np
-
-    from icml26 import dual_steering as ds
-
     rng = np.random.default_rng(6)
     G = rng.standard_normal((20, 3))
     lam0, v = rng.standard_normal(3), rng.standard_normal(3)
@@ -43,9 +39,6 @@ def test_no_feasible_point_has_smaller_reverse_kl(mirror_projection):
 
 
 def test_rejects_unattainable_levels(mirror_projection):
-    import numpy as np
-    import pytest
-
     rng = np.random.default_rng(8)
     G = rng.standard_normal((20, 3))
     lam0, v = rng.standard_normal(3), rng.standard_normal(3)

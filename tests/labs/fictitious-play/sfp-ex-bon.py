@@ -1,15 +1,15 @@
 """Exercise sfp-ex-bon: best-of-n choice probabilities depend on ranks only."""
 
+import numpy as np
+
+from icml26.fictitious_play import bon_choice_probabilities
+
 OK_FORMAT = False
 name = "sfp-ex-bon"
 points = 3
 
 
 def test_bon_probabilities_match_the_library_and_monte_carlo(bon_probabilities):
-    import numpy as np
-
-    from icml26.fictitious_play import bon_choice_probabilities
-
     rng = np.random.default_rng(21)
     base = rng.dirichlet(np.ones(7))
     scores = rng.normal(size=7)
@@ -25,8 +25,6 @@ def test_bon_probabilities_match_the_library_and_monte_carlo(bon_probabilities):
 
 
 def test_rank_invariance_and_kl_budget(bon_probabilities):
-    import numpy as np
-
     base = np.array([0.25, 0.25, 0.3, 0.2])
     scores = np.array([1.0, -2.0, 0.5, 3.0])
     p = np.asarray(bon_probabilities(base, scores, 5))

@@ -1,16 +1,15 @@
 """Exercise sfp-ex-gibbs: the logit response maximises payoff plus entropy."""
 
+import numpy as np
+
+from icml26.fictitious_play import smooth_best_response
+
 OK_FORMAT = False
 name = "sfp-ex-gibbs"
 points = 2
 
 
-def test_logit_response_matches_the_library(logit_response):
-    import numpy as np
-
-    from icml26.fictitious_play import smooth_best_response
-
-    rng = np.random.default_rng(11)
+def test_logit_response_matches_the_library(logit_response, rng):
     for _ in range(10):
         u, tau = rng.normal(size=5) * 3, rng.uniform(0.01, 3)
         p = np.asarray(logit_response(u, tau), dtype=float)
@@ -21,8 +20,6 @@ def test_logit_response_matches_the_library(logit_response):
 
 
 def test_gibbs_value_is_the_maximum(gibbs_value, logit_response):
-    import numpy as np
-
     rng = np.random.default_rng(12)
     u, tau = rng.normal(size=4), 0.4
     p = np.asarray(logit_response(u, tau))

@@ -1,15 +1,16 @@
 """Exercise sfp-ex-tau: the temperature that minimises the sFP regret bound."""
 
+import numpy as np
+
+import icml26.fictitious_play as fp
+from icml26.fictitious_play import regret_bound
+
 OK_FORMAT = False
 name = "sfp-ex-tau"
 points = 2
 
 
 def test_best_tau_minimises_the_bound(best_tau):
-    import numpy as np
-
-    from icml26.fictitious_play import regret_bound
-
     for K, n, r in ((100, 3, 2.0), (1000, 3, 2.0), (5000, 5, 1.0)):
         tau = best_tau(K, n, r)
         grid = np.exp(np.linspace(np.log(tau) - 1, np.log(tau) + 1, 201))
@@ -18,10 +19,6 @@ def test_best_tau_minimises_the_bound(best_tau):
 
 
 def test_best_tau_regret_holds_against_the_adversary(best_tau):
-    import numpy as np
-
-    import icml26.fictitious_play as fp
-
     A, _ = fp.rock_paper_scissors()
     tau = best_tau(600, 3, 2.0)
     run = fp.against_adversary(A, 600, tau=tau, rng=np.random.default_rng(5))

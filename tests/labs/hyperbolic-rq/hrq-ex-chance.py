@@ -1,13 +1,13 @@
 """Exercise hrq-ex-chance: the collision rate of uniformly random tuples."""
 
+import numpy as np
+
 OK_FORMAT = False
 name = "hrq-ex-chance"
 points = 1
 
 
 def test_expected_collision_of_random_tuples(random_collision_rate):
-    import numpy as np
-
     rng = np.random.default_rng(0)
     for n, sizes in ((200, (4, 4)), (500, (8, 4, 2)), (50, (100,))):
         m = int(np.prod(sizes))

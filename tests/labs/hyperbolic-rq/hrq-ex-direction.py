@@ -1,15 +1,15 @@
 """Exercise hrq-ex-direction: collision rate of residual k-means for several pyramids."""
 
+import torch
+
+import icml26.hyperbolic_rq as hr
+
 OK_FORMAT = False
 name = "hrq-ex-direction"
 points = 2
 
 
 def test_matches_fit_codebooks(collision_by_sizes):
-    import torch
-
-    import icml26.hyperbolic_rq as hr
-
     g = torch.Generator().manual_seed(3)
     z = hr.expmap0(torch.randn(300, 4, generator=g, dtype=torch.float64) * 0.6)
     shapes = [(12, 8, 4), (8, 8, 8), (4, 8, 12)]

@@ -1,16 +1,16 @@
 """Exercise hrq-ex-scalar: Möbius scalar multiplication against geoopt."""
 
+import geoopt
+import torch
+
+import icml26.hyperbolic_rq as hr
+
 OK_FORMAT = False
 name = "hrq-ex-scalar"
 points = 1
 
 
 def test_matches_geoopt_and_scales_distance(mobius_scalar):
-    import geoopt
-    import torch
-
-    import icml26.hyperbolic_rq as hr
-
     g = torch.Generator().manual_seed(5)
     c = 0.7
     x = torch.randn(100, 4, generator=g, dtype=torch.float64)

@@ -1,14 +1,13 @@
 """Exercise hps-ex-compromise: the curvature-weighted compromise of one shared scale."""
 
+import numpy as np
+
 OK_FORMAT = False
 name = "hps-ex-compromise"
 points = 1
 
 
-def test_compromise_matches_gradient_descent(compromise):
-    import numpy as np
-
-    rng = np.random.default_rng(4)
+def test_compromise_matches_gradient_descent(compromise, rng):
     for _ in range(5):
         targets, curvatures = rng.normal(size=4), rng.uniform(0.2, 3.0, size=4)
         rho, left = compromise(targets, curvatures)

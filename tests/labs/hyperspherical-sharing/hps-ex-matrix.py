@@ -1,14 +1,14 @@
 """Exercise hps-ex-matrix: gradient agreement with whole matrices as the granularity."""
 
+import numpy as np
+import torch
+
 OK_FORMAT = False
 name = "hps-ex-matrix"
 points = 2
 
 
 def test_matrix_agreement_against_a_loop(matrix_agreement):
-    import numpy as np
-    import torch
-
     gen = torch.Generator().manual_seed(11)
     w, g = torch.randn(3, 4, 5, generator=gen), torch.randn(4, 3, 4, 5, generator=gen)
     tan, rad = matrix_agreement(w, g)

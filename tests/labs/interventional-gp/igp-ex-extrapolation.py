@@ -1,15 +1,16 @@
 """Exercise igp-ex-extrapolation: the posterior outside the support of A."""
 
+import numpy as np
+import torch
+
+from icml26 import interventional_gp as igp
+
 OK_FORMAT = False
 name = "igp-ex-extrapolation"
 points = 3
 
 
 def _problem():
-    import torch
-
-    from icml26 import interventional_gp as igp
-
     data = igp.mediator_chain(60, 2, 0.5, seed=12).observed()
     outcome = igp.GPStage(igp.GaussianKernel(torch.tensor([0.8, 1.1]), 0.9), 0.15)
     treatment = igp.GPStage(igp.GaussianKernel(torch.tensor([0.1]), 0.7), 0.05)
@@ -17,8 +18,6 @@ def _problem():
 
 
 def test_far_limit_by_hand(far_limit):
-    import numpy as np
-
     igp, data, outcome, treatment = _problem()
     for scale in (0.25, 1.0, 4.0):
         far = igp.ImpspecPosterior(data, outcome, treatment, igp.Intervention(np.array([[50.0]])))
@@ -28,8 +27,6 @@ def test_far_limit_by_hand(far_limit):
 
 
 def test_profile_reverts_to_the_prior_mean(extrapolation_profile):
-    import numpy as np
-
     igp, data, outcome, treatment = _problem()
     grid = np.array([[-3.0], [0.2], [0.5], [0.8], [4.0]])
     mean, sd = (np.asarray(x, float).reshape(-1)

@@ -1,13 +1,13 @@
 """Exercise igp-ex-uniform-r: the integral operator matrix for a uniform measure."""
 
+import numpy as np
+
 OK_FORMAT = False
 name = "igp-ex-uniform-r"
 points = 3
 
 
 def test_matches_monte_carlo(uniform_integral_gram):
-    import numpy as np
-
     rng = np.random.default_rng(5)
     low, high = np.array([-0.5, 0.0, 1.0]), np.array([1.0, 0.5, 3.0])
     ell, scale = np.array([0.6, 0.4, 1.2]), 0.8
@@ -23,10 +23,8 @@ def test_matches_monte_carlo(uniform_integral_gram):
     assert np.abs(exact - mc).max() < 0.01 * np.abs(mc).max(), (exact, mc)
 
 
-def test_is_symmetric_psd(uniform_integral_gram):
-    import numpy as np
-
-    X = np.random.default_rng(6).uniform(-2, 3, (40, 2))
+def test_is_symmetric_psd(uniform_integral_gram, rng):
+    X = rng.uniform(-2, 3, (40, 2))
     R = np.asarray(uniform_integral_gram(X, X, np.array([0.5, 0.8]), 1.3, np.array([0.0, 0.0]),
                                          np.array([1.0, 2.0])))
     assert np.allclose(R, R.T, atol=1e-14)

@@ -1,15 +1,15 @@
 """Exercise igp-ex-v2: the second variance term by Monte Carlo over the measure."""
 
+import torch
+
+from icml26 import interventional_gp as igp
+
 OK_FORMAT = False
 name = "igp-ex-v2"
 points = 2
 
 
 def _problem():
-    import torch
-
-    from icml26 import interventional_gp as igp
-
     chain = igp.mediator_chain(60, 2, 0.5, seed=11)
     outcome = igp.GPStage(igp.GaussianKernel(torch.tensor([0.8, 1.1]), 0.9), 0.15)
     return igp, torch, chain.observed(), outcome

@@ -1,15 +1,15 @@
 """Exercise intro-ex-norm: detection rate of random directions by norm."""
 
+import numpy as np
+
+from icml26 import introspection as intro
+
 OK_FORMAT = False
 name = "intro-ex-norm"
 points = 2
 
 
 def test_rates_by_norm(random_tpr):
-    import numpy as np
-
-    from icml26 import introspection as intro
-
     lang = intro.ConceptLanguage(n_train=2, n_heldout=3, n_baseline=2)
     model = intro.make_model(lang, n_layers=2, d_model=32, d_mlp=64, seed=5)
     rates = np.asarray(random_tpr(model, lang, 1, lang.heldout_concepts, [0.0, 0.5, 50.0],

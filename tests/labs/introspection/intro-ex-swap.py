@@ -1,13 +1,15 @@
 """Exercise intro-ex-swap: swapping the coordinate along one direction."""
 
+import torch
+
+from icml26 import introspection as intro
+
 OK_FORMAT = False
 name = "intro-ex-swap"
 points = 2
 
 
 def test_swap_sets_the_coordinate(swap_direction):
-    import torch
-
     torch.manual_seed(3)
     d = torch.randn(12)
     x = torch.randn(4, 5, 12)
@@ -19,10 +21,6 @@ def test_swap_sets_the_coordinate(swap_direction):
 
 
 def test_swap_equals_mean_ablation(swap_direction):
-    import torch
-
-    from icml26 import introspection as intro
-
     torch.manual_seed(4)
     d, mu, x = torch.randn(8), torch.randn(8), torch.randn(6, 8)
     unit = d / d.norm()

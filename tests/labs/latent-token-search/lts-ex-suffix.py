@@ -1,15 +1,15 @@
 """Exercise lts-ex-suffix: decoding from the last tokens of an ordered tokenizer."""
 
+import torch
+
+from icml26 import latent_token_search as lts
+
 OK_FORMAT = False
 name = "lts-ex-suffix"
 points = 2
 
 
 def test_suffix_agrees_at_full_length_and_is_worse_at_two(suffix_mse):
-    import torch
-
-    from icml26 import latent_token_search as lts
-
     tok, _, x, v = lts.quick_tokenizer(n=2000, steps=300, seed=2)
     full = float(tok.prefix_mse(x, v, tok.n_tokens).mean())
     assert abs(suffix_mse(tok, x, v, tok.n_tokens) - full) < 1e-4

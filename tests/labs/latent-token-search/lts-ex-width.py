@@ -1,15 +1,15 @@
 """Exercise lts-ex-width: beam search at several widths."""
 
+import numpy as np
+
+from icml26 import latent_token_search as lts
+
 OK_FORMAT = False
 name = "lts-ex-width"
 points = 2
 
 
 def test_sweep_matches_beam_search(beam_width_sweep, PRIOR_WEIGHT):
-    import numpy as np
-
-    from icml26 import latent_token_search as lts
-
     tok, prior, _, _ = lts.quick_tokenizer(n=1000, steps=60, seed=1)
     scenarios = lts.make_scenarios(2, np.random.default_rng(7))
     out = beam_width_sweep(tok, prior, scenarios, [1, 2])

@@ -1,16 +1,16 @@
 """Exercise pm-ex-oracle: routing each token to the experts that best fill the dense gap."""
 
+import numpy as np
+import torch
+
+import icml26.prism_moe as pm
+
 OK_FORMAT = False
 name = "pm-ex-oracle"
 points = 2
 
 
 def test_oracle_expert_minimises_the_remaining_error(oracle_topk):
-    import numpy as np
-    import torch
-
-    import icml26.prism_moe as pm
-
     model = pm.VARLite(d_model=16, d_mlp=32, n_heads=2, seed=3)
     perm = np.random.default_rng(0).permutation(32)
     layer = pm.MoEMLP(model.blocks[0].mlp, perm[:8], perm[8:].reshape(6, 4), top_k=2,

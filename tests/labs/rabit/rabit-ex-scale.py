@@ -1,13 +1,13 @@
 """Exercise rabit-ex-scale: the output-error-optimal scalar scale."""
 
+import torch
+
 OK_FORMAT = False
 name = "rabit-ex-scale"
 points = 2
 
 
 def test_minimises_the_output_error(output_optimal_scale):
-    import torch
-
     generator = torch.Generator().manual_seed(3)
     for n in (5, 40):
         w = torch.randn(n, generator=generator, dtype=torch.float64)
@@ -21,8 +21,6 @@ def test_minimises_the_output_error(output_optimal_scale):
 
 
 def test_identity_covariance_gives_mean_absolute_value(output_optimal_scale):
-    import torch
-
     w = torch.tensor([0.3, -1.2, 0.5, -0.1], dtype=torch.float64)
     b = torch.sign(w)
     alpha = float(output_optimal_scale(w, b, torch.eye(4, dtype=torch.float64)))

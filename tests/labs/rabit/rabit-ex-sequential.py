@@ -1,15 +1,15 @@
 """Exercise rabit-ex-sequential: RaBiT's sequential residual binarization, from scratch."""
 
+import torch
+
+from icml26 import rabit as rb
+
 OK_FORMAT = False
 name = "rabit-ex-sequential"
 points = 2
 
 
 def test_matches_the_layer_for_two_and_three_paths(sequential_binarize):
-    import torch
-
-    from icml26 import rabit as rb
-
     generator = torch.Generator().manual_seed(7)
     W = torch.randn(20, 36, generator=generator, dtype=torch.float64) * 0.05
     X = torch.randn(300, 36, generator=generator, dtype=torch.float64)
@@ -26,8 +26,6 @@ def test_matches_the_layer_for_two_and_three_paths(sequential_binarize):
 
 
 def test_two_paths_round_to_the_nearest_level(sequential_binarize):
-    import torch
-
     latent = torch.linspace(-1.0, 1.0, 201, dtype=torch.float64)[None, :] + 1e-3
     out_scales = torch.tensor([[0.5], [0.2]], dtype=torch.float64)
     in_scales = torch.ones(2, 201, dtype=torch.float64)

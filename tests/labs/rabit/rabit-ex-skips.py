@@ -1,15 +1,15 @@
 """Exercise rabit-ex-skips: skipped quantization levels under independent and RaBiT training."""
 
+import torch
+
+from icml26 import rabit as rb
+
 OK_FORMAT = False
 name = "rabit-ex-skips"
 points = 3
 
 
 def test_level_skip_rate_on_hand_made_transitions(level_skip_rate):
-    import torch
-
-    from icml26 import rabit as rb
-
     def paths(first, second):
         signs = torch.tensor([first, second], dtype=torch.float64)[:, None, :]
         return rb.BinaryPaths(signs, torch.ones(2, 1, dtype=torch.float64),

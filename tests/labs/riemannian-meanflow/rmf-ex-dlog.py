@@ -1,16 +1,18 @@
 """Exercise rmf-ex-dlog: the curvature term of the Eulerian identity in closed form."""
 
+import math
+
+import torch
+from torch.func import jvp
+
+import icml26.riemannian_meanflow as rm
+
 OK_FORMAT = False
 name = "rmf-ex-dlog"
 points = 2
 
 
 def test_matches_forward_mode(dlog_by_hand):
-    import torch
-    from torch.func import jvp
-
-    import icml26.riemannian_meanflow as rm
-
     x, y = rm.uniform_sphere(100, seed=5), rm.uniform_sphere(100, seed=6)
     keep = (x * y).sum(-1) > -0.9
     x, y = x[keep], y[keep]
@@ -21,10 +23,6 @@ def test_matches_forward_mode(dlog_by_hand):
 
 
 def test_short_distance_factor(dlog_by_hand):
-    import math
-
-    import torch
-
     theta = 0.2
     x = torch.tensor([[0.0, 0.0, 1.0]], dtype=torch.float64)
     y = torch.tensor([[math.sin(theta), 0.0, math.cos(theta)]], dtype=torch.float64)

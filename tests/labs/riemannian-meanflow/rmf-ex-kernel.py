@@ -1,16 +1,16 @@
 """Exercise rmf-ex-kernel: the geodesic Gaussian kernel is not positive definite on S^2."""
 
+import numpy as np
+import torch
+
+import icml26.riemannian_meanflow as rm
+
 OK_FORMAT = False
 name = "rmf-ex-kernel"
 points = 1
 
 
 def test_smallest_eigenvalue(geodesic_gaussian_min_eig):
-    import numpy as np
-    import torch
-
-    import icml26.riemannian_meanflow as rm
-
     pts = rm.uniform_sphere(300, seed=2)
     d = torch.arccos((pts @ pts.T).clamp(-1, 1)).numpy()
     for h in (0.3, 1.5):

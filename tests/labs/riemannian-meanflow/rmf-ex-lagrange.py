@@ -1,15 +1,15 @@
 """Exercise rmf-ex-lagrange: the Lagrangian identity on the analytic rotation flow."""
 
+import torch
+
+import icml26.riemannian_meanflow as rm
+
 OK_FORMAT = False
 name = "rmf-ex-lagrange"
 points = 2
 
 
 def test_residual_is_at_rounding_level(lagrangian_residual):
-    import torch
-
-    import icml26.riemannian_meanflow as rm
-
     flow = rm.RotationFlow(torch.tensor([-0.4, 0.9, 0.2], dtype=torch.float64))
     g = torch.Generator().manual_seed(3)
     x = rm.uniform_sphere(80, seed=9)

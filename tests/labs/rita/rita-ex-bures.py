@@ -1,14 +1,14 @@
 """Exercise rita-ex-bures: the squared Bures distance between covariances."""
 
+import numpy as np
+import ot
+
 OK_FORMAT = False
 name = "rita-ex-bures"
 points = 2
 
 
 def test_bures_against_pot_and_diagonal(bures_squared):
-    import numpy as np
-    import ot
-
     g = np.random.default_rng(7)
     u, v = g.normal(size=(3, 3)), g.normal(size=(3, 3))
     A, B = u @ u.T + 0.2 * np.eye(3), v @ v.T + 0.2 * np.eye(3)

@@ -1,15 +1,15 @@
 """Exercise rita-ex-eot: an adaptive attack on the OT reading of the views."""
 
+import torch
+
+from icml26 import rita
+
 OK_FORMAT = False
 name = "rita-ex-eot"
 points = 3
 
 
 def test_ot_pgd_stays_in_ball_and_raises_the_ot_margin(ot_pgd):
-    import torch
-
-    from icml26 import rita
-
     x_train, y_train, x, y = rita.load_digit_split(300, 32, 3)
     model = rita.train_mini_clip(x_train, y_train, epochs=2, seed=3)
     eps = 0.1

@@ -1,15 +1,15 @@
 """Exercise rita-ex-largereg: the large-regularisation limit of the OT distance."""
 
+import torch
+
+from icml26 import rita
+
 OK_FORMAT = False
 name = "rita-ex-largereg"
 points = 2
 
 
 def test_matches_ot_at_large_lambda(mean_cost_prediction):
-    import torch
-
-    from icml26 import rita
-
     gen = torch.Generator().manual_seed(11)
     z = torch.nn.functional.normalize(torch.randn(40, 6, 5, generator=gen), dim=-1)
     text = torch.nn.functional.normalize(torch.randn(4, 3, 5, generator=gen), dim=-1)

@@ -1,13 +1,13 @@
 """Exercise umem-ex-same-topk: the neighbourhood lemma guarantees identical retrieval."""
 
+import numpy as np
+
 OK_FORMAT = False
 name = "umem-ex-same-topk"
 points = 3
 
 
 def test_guarantee_is_sound_and_not_vacuous(same_topk_guaranteed):
-    import numpy as np
-
     rng = np.random.default_rng(17)
     fired = 0
     for _ in range(2000):

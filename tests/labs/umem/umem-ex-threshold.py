@@ -1,13 +1,13 @@
 """Exercise umem-ex-threshold: when the source-only reward starts to prefer shortcuts."""
 
+import icml26.umem as um
+
 OK_FORMAT = False
 name = "umem-ex-threshold"
 points = 3
 
 
 def test_threshold_separates_the_two_regimes(source_prefers_shortcut, shortcut_threshold):
-    import icml26.umem as um
-
     world = um.make_world(seed=5)
     query = int(world.train[3])
     b_star = shortcut_threshold(world, query)
