@@ -320,8 +320,9 @@ def mean_field_policy(arms: ArmStatistics, *, steps: int, lr: float,
     """The noise-free path of training: ``theta += lr * E[update](softmax(theta))``.
 
     Every step moves the logits by the exact expected update of Eq. ``eq-drk-drift`` (with the
-    baseline mean of Eq. ``eq-drk-beta-first`` when the mask comes first), so the path is what
-    :func:`train_policies` follows on average when its steps are small. The fields of ``arms``
+    baseline mean of Eq. ``eq-drk-beta-first`` when the mask comes first), so the path
+    approximates the average path of :func:`train_policies` when its steps are small (the noise
+    of each step is left out, not averaged through the softmax). The fields of ``arms``
     may carry leading axes (a grid of environments, shape ``(..., S)``); ``start`` is the initial
     policy (uniform by default). Returns the policies, shape ``(steps + 1, ..., S)``.
     """
