@@ -259,9 +259,9 @@ def baseline_mean(pi, arms: ArmStatistics, *, mask_before_baseline: bool = False
     """The mean ``beta`` of the leave-one-out baseline ``b_{-i}`` in Eq. ``eq-drk-drift``.
 
     Released order (the whole group): ``beta = E_pi[r]``. Mask first (Eq. ``eq-drk-beta-first``):
-    the other kept rollouts number ``M ~ Binomial(K - 1, rho)`` with ``rho = sum_k pi_k E[m|k]``,
-    each with mean reward ``E_pi[m r] / rho``, and the baseline is 0 when ``M = 0``, so
-    ``beta = (1 - (1 - rho)^(K - 1)) E_pi[m r] / rho``.
+    the other kept rollouts number ``M ~ Binomial(K - 1, eta)`` with ``eta = sum_k pi_k E[m|k]``,
+    each with mean reward ``E_pi[m r] / eta``, and the baseline is 0 when ``M = 0``, so
+    ``beta = (1 - (1 - eta)^(K - 1)) E_pi[m r] / eta``.
     """
     pi = _check_pi(pi, arms)
     if not mask_before_baseline:
@@ -269,10 +269,10 @@ def baseline_mean(pi, arms: ArmStatistics, *, mask_before_baseline: bool = False
     if group_size is None:
         raise ValueError("the mask-first baseline needs the group size")
     K = _check_positive_int(group_size, "group size", 2)
-    rho = (pi * arms.keep_rate).sum(-1)
+    eta = (pi * arms.keep_rate).sum(-1)
     kept = (pi * arms.kept_reward).sum(-1)
-    safe = np.where(rho > 0, rho, 1.0)
-    return np.where(rho > 0, (1.0 - (1.0 - rho) ** (K - 1)) * kept / safe, 0.0)
+    safe = np.where(eta > 0, eta, 1.0)
+    return np.where(eta > 0, (1.0 - (1.0 - eta) ** (K - 1)) * kept / safe, 0.0)
 
 
 def expected_update(pi, arms: ArmStatistics, *, baseline: float | None = None,
