@@ -249,3 +249,36 @@ def test_the_cache_keeps_the_most_recently_used_runs(tmp_path, fake_package, mon
         time.sleep(0.02)  # file times order the uses
     assert executed == [0, 1, 2, 1]
     assert len(list(cache.glob("*.ipynb"))) == len(list(cache.glob("*.json"))) == 2
+
+
+def test_verdicts_table_marks_flips_fragile_rows_and_failures():
+    from icml26.toolchain import verdicts
+
+    def row(statement, verdict, fragile=False, kind="paper"):
+        return {"kind": kind, "statement": statement, "verdict": verdict, "fragile": fragile}
+
+    runs = verdicts.SeedRuns("demo", rows={
+        1: [row("A beats B", "reproduced"), row("C beats D", "inconclusive", fragile=True),
+            row("identity", "holds", kind="verification")],
+        2: [row("A beats B", "reproduced"), row("C beats D", "reproduced")],
+    }, errors={3: "cell 4 raised ValueError: boom"})
+    table = runs.table()
+    assert [(s, flips) for _, s, _, flips in table] == [("A beats B", False), ("C beats D", True)]
+    assert table[1][2] == {1: "inconclusive*", 2: "reproduced"}
+    text = verdicts.verdicts_text([runs], [1, 2, 3])
+    assert "seed 3 FAILED: cell 4 raised ValueError: boom" in text
+    assert "1 of 2 paper claims and findings change verdict between seeds 1, 2, 3" in text
+    assert "identity" not in text
+
+
+@pytest.mark.parametrize(("argv", "reason"), [
+    (["verdicts"], "name chapters or give --all"),
+    (["verdicts", "mod-test", "--all"], "name chapters or give --all"),
+    (["verdicts", "mod-test", "--seeds", "1", "1"], "--seeds needs distinct seeds"),
+    (["verdicts", "mod-test", "--seeds", "x"], "seed must be a non-negative integer"),
+    (["verdicts", "no-such", "--seeds", "1"], "unknown chapter 'no-such'"),
+])
+def test_cli_verdicts_rejects_bad_input_with_one_line(argv, reason, capsys):
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and reason in err
