@@ -426,6 +426,32 @@ def test_success_mixture_and_fusion_basin():
         drk.success_mixture([1.2, 0.5], 1.0, 1.0, 1.0)
 
 
+def test_fuse_success_sets_the_fusion_rate_and_the_mixture_rebuilds_the_arms():
+    from functools import partial
+
+    rng = np.random.default_rng(12)
+    out = drk.synthetic_outcomes(np.ones(200_000, dtype=int), rng, fuse_success=0.3)
+    assert abs(out.correct.mean() - 0.3) < 0.005
+    # the default is the E2 environment, draw for draw
+    choice = np.random.default_rng(1).integers(0, 3, size=(50, 16))
+    a = drk.synthetic_outcomes(choice, np.random.default_rng(2))
+    b = drk.synthetic_outcomes(choice, np.random.default_rng(2), fuse_success=0.45)
+    for field in ("correct", "measured_speedup", "true_speedup", "coverage", "hacked"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+    # per-success statistics (fusion always correct) mixed at psi = the arms measured at psi
+    cfg = drk.RewardConfig(**drk.CONFIGS["check + PR + PRS"])
+    sure = drk.arm_statistics(partial(drk.synthetic_outcomes, fuse_success=1.0), cfg, rng,
+                              draws=100_000)
+    mixed = drk.success_mixture([1.0, 0.35, 1.0], sure.reward, sure.kept_reward, sure.keep_rate)
+    direct = drk.arm_statistics(partial(drk.synthetic_outcomes, fuse_success=0.35), cfg, rng,
+                                draws=100_000)
+    np.testing.assert_allclose(mixed.reward, direct.reward, atol=5 * direct.reward_se.max())
+    np.testing.assert_allclose(mixed.keep_rate, direct.keep_rate, atol=0.01)
+    for bad, error in ((1.5, ValueError), (True, TypeError), ("0.4", TypeError)):
+        with pytest.raises(error, match="fuse_success"):
+            drk.synthetic_outcomes(choice, rng, fuse_success=bad)
+
+
 def test_shared_toy_fixed_points_and_gradient():
     toy = drk.SharedParameterToy()
     theta = np.linspace(-2, 4, 7)

@@ -93,19 +93,25 @@ def prs_keep(out: Outcomes, config: RewardConfig, rng: np.random.Generator) -> n
     return rng.random(out.correct.shape) < prs_keep_probability(out, config)
 
 
-def synthetic_outcomes(choice: np.ndarray, rng: np.random.Generator) -> Outcomes:
+def synthetic_outcomes(choice: np.ndarray, rng: np.random.Generator, *,
+                       fuse_success: float = 0.45) -> Outcomes:
     """The synthetic environment of the E2 experiment.
 
     ``lazy``: correct w.p. 0.95, speed-up U[0.98, 1.10], coverage U[0.02, 0.15];
-    ``fuse``: correct w.p. 0.45, speed-up U[1.3, 2.6], coverage U[0.7, 0.95];
+    ``fuse``: correct w.p. ``fuse_success`` (0.45), speed-up U[1.3, 2.6], coverage U[0.7, 0.95];
     ``decoy``: passes the correctness check, fools the timer (measured 3), really runs the
     reference (true speed-up 1), coverage 0, and the profiling check always catches it.
+    Bind ``fuse_success`` with :func:`functools.partial` to get another environment.
     """
+    if isinstance(fuse_success, bool) or not isinstance(fuse_success, numbers.Real):
+        raise TypeError(f"fuse_success must be a probability, got {fuse_success!r}")
+    if not 0.0 <= fuse_success <= 1.0:
+        raise ValueError(f"fuse_success must lie in [0, 1], got {fuse_success}")
     choice = np.asarray(choice)
     n = choice.shape
     lazy, fuse, decoy = (choice == k for k in range(3))
     u = rng.random(n)
-    correct = np.where(lazy, u < 0.95, np.where(fuse, u < 0.45, True))
+    correct = np.where(lazy, u < 0.95, np.where(fuse, u < fuse_success, True))
     speed = np.where(lazy, rng.uniform(0.98, 1.10, n), rng.uniform(1.3, 2.6, n))
     coverage = np.where(lazy, rng.uniform(0.02, 0.15, n), rng.uniform(0.7, 0.95, n))
     return Outcomes(correct=correct, measured_speedup=np.where(decoy, 3.0, speed),

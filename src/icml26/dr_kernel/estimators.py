@@ -270,8 +270,8 @@ divided by its shrink factor (Eq. ``eq-drk-shrink``)."""
 class SharedParameterToy:
     """The refinement toy with one parameter ``theta`` shared by every turn.
 
-    Turn ``t`` succeeds with probability ``p_t = sigmoid(w_t theta + c_t)`` (``weights`` ``w``,
-    ``offsets`` ``c``), so the per-turn gradients pull ``theta`` in different directions when the
+    Turn ``t`` succeeds with probability ``p_t = sigmoid(w_t theta + o_t)`` (``weights`` ``w``,
+    ``offsets`` ``o``), so the per-turn gradients pull ``theta`` in different directions when the
     weights differ in sign. Rewards and stopping are those of :class:`RefinementProcess`. The
     objective is ``J = mu sum_t a_t p_t`` and its gradient Eq. ``eq-drk-shared``.
     """
@@ -305,7 +305,7 @@ class SharedParameterToy:
         return len(self.weights)
 
     def success(self, theta) -> np.ndarray:
-        """``p_t = sigmoid(w_t theta + c_t)``, shape ``theta.shape + (T,)``."""
+        """``p_t = sigmoid(w_t theta + o_t)``, shape ``theta.shape + (T,)``."""
         theta = np.asarray(theta, dtype=float)[..., None]
         return 1.0 / (1.0 + np.exp(-(theta * np.asarray(self.weights) + np.asarray(self.offsets))))
 
