@@ -510,6 +510,21 @@ def test_rescaled_grpo_learning_curve_matches_trloo_in_expectation():
     assert abs(curves["grpo_rescaled"][60] - curves["trloo"][60]) < 0.03
 
 
+def test_sequential_scaling_stays_on_the_task_when_every_candidate_failed():
+    def row(task, strategy, correct):
+        return drk.Evaluation(task, f"{task}/{strategy}", strategy, correct, None, False, 1, 1,
+                              0.9, 2.0 if correct else 0.0, 2.0 if correct else 0.0)
+
+    # "a_fast" sorts first: a pick outside the episode's task would land on its fast candidates
+    table = drk.GymTable(tuple(row(task, s, task == "a_fast") for task in ("a_fast", "z_broken")
+                               for s in drk.STRATEGIES))
+    res = drk.sequential_scaling(table, {"check": drk.RewardConfig()}, turns=4, episodes=300,
+                                 rng=np.random.default_rng(3))
+    # an episode is fast at every turn (task a_fast) or at none (task z_broken)
+    np.testing.assert_array_equal(res.last, np.repeat(res.last[:, :1], 4, axis=1))
+    assert 0.3 < res.last[:, 0].mean() < 0.7
+
+
 def test_sequential_scaling_on_the_gym(table):
     configs = {"check": drk.RewardConfig(**drk.CONFIGS["check"]),
                "no check": drk.RewardConfig(**drk.CONFIGS["no check"])}

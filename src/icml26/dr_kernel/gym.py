@@ -562,8 +562,9 @@ def sequential_scaling(table: GymTable, configs: dict, *, turns: int, episodes: 
 
     Each episode draws a task. At every turn the policy draws a strategy, then one candidate of
     that task and strategy uniformly among those not yet seen to fail the correctness check (the
-    feedback of earlier turns; if none is left, any candidate of the task not seen to fail), and
-    one recorded evaluation of it. Selection picks the turn of highest reward (Eq.
+    feedback of earlier turns; if none is left, any candidate of the task not seen to fail, and if
+    every candidate of the task has failed, any candidate of the task), and one recorded
+    evaluation of it. Selection picks the turn of highest reward (Eq.
     ``eq-drk-reward``) under each :class:`~icml26.dr_kernel.bandit.RewardConfig` of ``configs``,
     on the same turns, so the pipelines are compared on identical episodes.
     """
@@ -596,9 +597,11 @@ def sequential_scaling(table: GymTable, configs: dict, *, turns: int, episodes: 
     for t in range(turns):
         strategy = np.minimum((rng.random((episodes, 1)) > np.cumsum(policy)).sum(1),
                               len(STRATEGIES) - 1)
-        of_task = (cand_task[None, :] == task[:, None]) & ~failed
+        any_of_task = cand_task[None, :] == task[:, None]
+        of_task = any_of_task & ~failed
         allowed = of_task & (cand_strategy[None, :] == strategy[:, None])
         allowed = np.where(allowed.any(1, keepdims=True), allowed, of_task)
+        allowed = np.where(allowed.any(1, keepdims=True), allowed, any_of_task)
         pick = np.argmax(rng.random(allowed.shape) * allowed, 1)
         row = index[pick, rng.integers(n_draws, size=episodes)]
         chosen[:, t] = row
