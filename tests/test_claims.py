@@ -375,6 +375,10 @@ def test_claims_reject_bad_kinds_statements_evidence_and_expectations():
         claims.finding("x", threshold(1, "<", 2), expect="not reproduced")
     with pytest.raises(ValueError, match="always expected"):
         claims.add("verification", "x", threshold(1, "<", 2), expect="reproduced")
+    with pytest.raises(ValueError, match="level 0.001"):
+        claims.verification("x", paired_comparison([3, 4, 5], [1, 2, 3]))
+    assert claims.verification("x", paired_comparison([3, 4, 5], [1, 2, 3.1],
+                                                       level=VERIFICATION_LEVEL)).verdict == "holds"
     with pytest.raises(ValueError, match="no rows"):
         ClaimsCheck().show()
     with pytest.raises(TypeError, match="enforce"):

@@ -707,6 +707,12 @@ def _make_row(kind: str, statement: str, evidence: Evidence, expect: str | None)
     if kind == "verification":
         if expect is not None:
             raise ValueError("a verification is always expected to hold: give no expect")
+        if isinstance(evidence, (PairedComparison, RateClaim)) and \
+                evidence.level > VERIFICATION_LEVEL:
+            raise ValueError(f"a statistical verification runs at level {VERIFICATION_LEVEL:g} "
+                             f"(got {evidence.level:g}), so that a correct chapter fails by chance "
+                             "at most that often; pass level=VERIFICATION_LEVEL, or make it a "
+                             "finding")
     elif expect is not None and (not isinstance(expect, str) or expect not in VERDICTS):
         raise TypeError(f"expect must be one of {', '.join(VERDICTS)} (or None: reported, not "
                         f"asserted), got {expect!r}")
