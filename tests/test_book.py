@@ -3,6 +3,7 @@
 import nbformat
 
 from icml26.toolchain.chapters import chapters
+from icml26.toolchain.pages import reader_problems
 
 SMOKE_BUDGET_SECONDS = 20.0
 
@@ -57,3 +58,12 @@ def test_ledger_gathers_every_chapters_checks(smoke_build, capsys):
     assert first.split()[:4] == ["chapter", "reproduced", "contradicted", "inconclusive"]
     assert any(line.startswith("book ") for line in printed.splitlines())
     assert all(f"{c.slug} (tier smoke, seed 0)" in printed for c in chapters())
+
+
+def test_executed_chapters_show_readers_only_what_is_meant_for_them(smoke_build):
+    """No object reprs, nothing on stderr, no errors, nothing after the claims table."""
+    _, html = smoke_build
+    stage = html.parent / "stage" / "book" / "chapters"
+    problems = [f"{chapter.slug}: {problem}" for chapter in chapters()
+                for problem in reader_problems(nbformat.read(stage / f"{chapter.slug}.ipynb", 4))]
+    assert not problems, "pages show what is not meant for readers:\n" + "\n".join(problems)
