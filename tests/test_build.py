@@ -95,7 +95,7 @@ def small_book(tmp_path):
     (chapters / "broken.md").write_text(_chapter("Broken", *BROKEN_CELLS))
     (chapters / "gamma.md").write_text(_chapter("Gamma", CLAIMS))
     toc = {"format": "jb-book", "root": "book/intro", "parts": [
-        {"caption": "Part", "chapters": [{"file": f"book/chapters/{s}"}
+        {"caption": "Part", "numbered": True, "chapters": [{"file": f"book/chapters/{s}"}
                                          for s in ("alpha", "broken", "gamma")]},
         {"caption": "Appendix", "chapters": [{"file": "book/appendix/reproduced"},
                                              {"file": "book/appendix/status"}]}]}
@@ -134,7 +134,8 @@ def test_a_failing_chapter_does_not_stop_the_build(small_book, tmp_path, capsys)
     # the chapter as far as it executed: outputs above, the error box, the text below
     ran, box = page.index("the second cell ran"), page.index("failed to execute here")
     assert ran < box < page.index("deliberately broken", box) < page.index("zanzibar text")
-    assert "1.25" in page and "late: not computed" in page and "Fig. 1" in page
+    assert "1.25" in page and "late: not computed" in page
+    assert "Fig. 2.1" in page and 'alt="A late figure."' in page  # numbered in chapter 2
     assert "Traceback" not in page[:box]
     assert "zanzibar" in (out / "_build" / "html" / "searchindex.js").read_text()
     download = nbformat.read(out / "_build" / "stage" / "book" / "chapters" / "broken.ipynb", 4)

@@ -6,7 +6,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from icml26.claims import CLAIMS_METADATA_KEY
 from icml26.core import glue_number, glue_text
-from icml26.toolchain.pages import reader_problems
+from icml26.toolchain.pages import plain_caption, reader_problems, with_alt_text
 
 
 def _cell(*outputs):
@@ -59,3 +59,17 @@ def test_glued_values_display_nothing_as_a_cells_last_line():
     number, text = glue_number("n", 3), glue_text("t", "a, b")
     assert number == 3.0 and number + 1 == 4.0 and text == "a, b"
     assert DisplayFormatter().format(number) == ({}, {}) == DisplayFormatter().format(text)
+
+
+def test_figures_get_their_caption_as_alt_text():
+    figure = new_code_cell("plt.show()", metadata={"mystnb": {"figure": {
+        "caption": "Power at $d$ = {glue:text}`dim:.0f`, **bold** and {math}`x^2`.",
+        "name": "fig-x"}}})
+    own = new_code_cell("plt.show()", metadata={"mystnb": {"figure": {"caption": "C"},
+                                                           "image": {"alt": "Own words."}}})
+    notebook = with_alt_text(new_notebook(cells=[figure, own, new_code_cell("x")]))
+    assert figure.metadata["mystnb"]["image"]["alt"] == "Power at d = dim, bold and x^2."
+    assert own.metadata["mystnb"]["image"]["alt"] == "Own words."
+    assert "mystnb" not in notebook.cells[2].metadata
+    with pytest.raises(TypeError):
+        plain_caption(None)

@@ -1,4 +1,7 @@
-"""What an executed chapter shows its readers: only what is meant for them.
+"""What an executed chapter shows its readers: only what is meant for them, figures described.
+
+:func:`with_alt_text` gives every figure the alt text a screen reader says: its caption, as
+plain text.
 
 :func:`reader_problems` lists what a page must not show: an object's repr (``Row(...)``,
 ``<... object at 0x...>``), anything a cell writes to stderr (warnings, with the kernel's temporary
@@ -62,3 +65,26 @@ def reader_problems(notebook: nbformat.NotebookNode) -> list[str]:
                                     f"{_first_line(text) or kind}")
                 table_shown |= CLAIMS_METADATA_KEY in output.get("metadata", {})
     return problems
+
+
+ROLE = re.compile(r"\{[\w:-]+\}`([^`]*)`")
+
+
+def plain_caption(caption: str) -> str:
+    """A caption as plain text: roles reduced to their content, no emphasis or math markers."""
+    if not isinstance(caption, str):
+        raise TypeError(f"a caption is a string, got {type(caption).__name__}")
+    text = ROLE.sub(lambda m: m.group(1).split(":", 1)[0] if m.group(0).startswith("{glue")
+                    else m.group(1), caption)
+    return " ".join(text.replace("**", "").replace("*", "").replace("$", "").split())
+
+
+def with_alt_text(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``notebook`` with every figure cell's image alt text (``mystnb.image.alt``) set to its
+    caption (:func:`plain_caption`), unless the cell sets one itself."""
+    for cell in notebook.cells:
+        options = cell.metadata.get("mystnb", {})
+        caption = options.get("figure", {}).get("caption")
+        if cell.cell_type == "code" and caption and "alt" not in options.get("image", {}):
+            options.setdefault("image", {})["alt"] = plain_caption(caption)
+    return notebook

@@ -39,7 +39,7 @@ from traitlets.config import Config
 
 from icml26 import claims
 from icml26.core import check_tier
-from icml26.toolchain import failures, ledger
+from icml26.toolchain import failures, ledger, pages
 from icml26.toolchain.chapters import (
     CHAPTER_DIR,
     PACKAGE_DIR,
@@ -55,7 +55,7 @@ from icml26.toolchain.labs import export_notebook
 LOCK_FILE = ROOT / "requirements" / "lock.txt"
 NODEPS_FILE = ROOT / "requirements" / "nodeps.txt"  # data packages, installed without deps
 DATA_DIR = ROOT / "data"
-PIPELINE_VERSION = "3"  # bump to invalidate every cached notebook
+PIPELINE_VERSION = "4"  # bump to invalidate every cached notebook
 CACHE_RUNS_PER_CHAPTER = 8  # cached runs kept per chapter (seeds and tiers), least recent out
 STATUS_TABLE = "book/appendix/_status_table.md"  # written by the build, included by status.md
 
@@ -621,11 +621,12 @@ def execute_chapters(
             partial = getattr(error, "notebook", None)
             page = failures.failed_page(chapter.source, message, partial and nbformat.reads(
                 partial.decode("utf-8"), as_version=4))
-            nbformat.write(page, output(chapter))
+            nbformat.write(pages.with_alt_text(page), output(chapter))
             done(chapter, failed_record(chapter, tier, seed, time.perf_counter() - start,
                                         message))
             return
-        output(chapter).write_bytes(notebook)
+        page = pages.with_alt_text(nbformat.reads(notebook.decode("utf-8"), as_version=4))
+        nbformat.write(page, output(chapter))
         done(chapter, store_run(chapter, tier, seed, output(chapter), seconds, cache))
 
     def started(chapter: Chapter) -> None:
