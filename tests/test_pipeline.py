@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import nbformat
 import pytest
 
 from icml26.toolchain import cli, failures, pipeline
+from icml26.toolchain.chapters import checkout_of
 
 NOTEBOOK_HEADER = """---
 jupytext:
@@ -296,3 +298,23 @@ def test_the_cache_keeps_the_most_recently_used_runs(tmp_path, fake_package, mon
         time.sleep(0.02)  # file times order the uses
     assert executed == [0, 1, 2, 1]
     assert len(list(cache.glob("*.ipynb"))) == len(list(cache.glob("*.json"))) == 2
+
+
+def test_the_command_follows_the_checkout_it_runs_in(tmp_path):
+    """Another checkout (its own chapters and library): `icml26 list` run inside it lists its
+    chapters, even from a subfolder, with the package installed from this one."""
+    other = tmp_path / "other-checkout"
+    shutil.copytree(pipeline.PACKAGE_DIR, other / "src" / "icml26",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (other / "book" / "chapters").mkdir(parents=True)
+    _myst(other / "book" / "chapters" / "zeta.md", "x = 1")
+    (other / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nparts:\n"
+                                    "  - caption: Only part\n    chapters:\n"
+                                    "      - file: book/chapters/zeta\n")
+    env = {k: v for k, v in os.environ.items() if k != "ICML26_ROOT"}
+    command = [sys.executable, "-m", "icml26.toolchain.cli", "list"]
+    listed = subprocess.run(command, cwd=other / "book", env=env, capture_output=True,
+                            text=True, timeout=120, check=True).stdout
+    assert "zeta" in listed and "Only part" in listed and "mod-test" not in listed
+    assert checkout_of(other / "book" / "chapters") == other.resolve()
+    assert checkout_of(tmp_path) is None

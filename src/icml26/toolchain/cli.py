@@ -25,6 +25,7 @@ from pathlib import Path
 
 from icml26.core import TIERS
 from icml26.toolchain import failures, grading, lab, labs, ledger, pipeline, verdicts
+from icml26.toolchain.chapters import PACKAGE_DIR, checkout_of
 
 
 def _seed(text: str) -> int:
@@ -240,8 +241,21 @@ def parser() -> argparse.ArgumentParser:
     return main
 
 
+def follow_checkout(argv: list[str], cwd: Path | None = None) -> None:
+    """Run this command with the ``icml26`` of the checkout the caller stands in (its chapters
+    and its library), when that is another checkout than this package's and ``ICML26_ROOT``
+    does not name the book; returns only when nothing needs to change."""
+    here = checkout_of(cwd or Path.cwd())
+    if here is None or "ICML26_ROOT" in os.environ or here == PACKAGE_DIR.parents[1]:
+        return
+    path = os.pathsep.join(filter(None, [str(here / "src"), os.environ.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "icml26.toolchain.cli", *argv]
+    os.execve(command[0], command, {**os.environ, "PYTHONPATH": path})
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    follow_checkout(argv)
     if argv[:1] == ["lab"]:
         lab.start_lab(argv[1:])  # replaces this process
     args = parser().parse_args(argv)
