@@ -59,7 +59,7 @@ def reader_problems(notebook: nbformat.NotebookNode) -> list[str]:
             elif match := REPR.search(text):
                 problems.append(f"{where}: an object's repr: {_first_line(text[match.start():])}")
             glue = "scrapbook" in output.get("metadata", {})  # never shown on the page
-            if section == CLAIMS_SECTION and not glue:
+            if section == CLAIMS_SECTION and not glue and kind != "error":
                 if table_shown:
                     problems.append(f"{where}: output after the claims table: "
                                     f"{_first_line(text) or kind}")
