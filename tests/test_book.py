@@ -1,8 +1,12 @@
 """The whole book at smoke tier: every chapter runs within budget and renders strictly."""
 
-import nbformat
+import re
 
-from icml26.toolchain.chapters import chapters
+import nbformat
+from bs4 import BeautifulSoup
+
+from icml26.toolchain.chapters import chapters, read_source
+from icml26.toolchain.pages import plain_caption, reader_problems
 
 SMOKE_BUDGET_SECONDS = 20.0
 
@@ -57,3 +61,35 @@ def test_ledger_gathers_every_chapters_checks(smoke_build, capsys):
     assert first.split()[:4] == ["chapter", "reproduced", "contradicted", "inconclusive"]
     assert any(line.startswith("book ") for line in printed.splitlines())
     assert all(f"{c.slug} (tier smoke, seed 0)" in printed for c in chapters())
+
+
+def test_executed_chapters_show_readers_only_what_is_meant_for_them(smoke_build):
+    """No object reprs, nothing on stderr, no errors, nothing after the claims table."""
+    _, html = smoke_build
+    stage = html.parent / "stage" / "book" / "chapters"
+    problems = [f"{chapter.slug}: {problem}" for chapter in chapters()
+                for problem in reader_problems(nbformat.read(stage / f"{chapter.slug}.ipynb", 4))]
+    assert not problems, "pages show what is not meant for readers:\n" + "\n".join(problems)
+
+
+def test_figures_are_described_by_their_captions_and_numbered_per_chapter(smoke_build):
+    _, html = smoke_build
+    numbers = []
+    for chapter in chapters():
+        captions = {cell.metadata["mystnb"]["figure"]["name"]:
+                    plain_caption(cell.metadata["mystnb"]["figure"]["caption"])
+                    for cell in read_source(chapter.source).cells
+                    if cell.metadata.get("mystnb", {}).get("figure", {}).get("name")}
+        page = BeautifulSoup((html / "book" / "chapters" / f"{chapter.slug}.html").read_text(),
+                             "html.parser")
+        for name, caption in captions.items():
+            figure = page.find(id=name)
+            assert figure is not None and figure.find("img")["alt"] == caption, name
+        found = [re.fullmatch(r"Fig\. (\d+)\.(\d+)", span.get_text(strip=True))
+                 for span in page.select("figure .caption-number")]
+        assert all(found), f"{chapter.slug}: figure numbers are not chapter.figure"
+        if found:
+            assert {m.group(1) for m in found} == {found[0].group(1)}, chapter.slug
+            assert [int(m.group(2)) for m in found] == list(range(1, len(found) + 1))
+            numbers.append(int(found[0].group(1)))
+    assert numbers == sorted(set(numbers)), "each chapter has its own number, in book order"

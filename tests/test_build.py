@@ -3,6 +3,7 @@ kernels over Unix sockets only, and bad build options."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -55,6 +56,20 @@ print("transport", json.loads(get_connection_info())["transport"], "tcp", listen
 ```
 """
 
+# The third code cell raises; the text and cells after it quote a number never glued and refer
+# to a figure never drawn.
+BROKEN_CELLS = (
+    "```{code-cell} ipython3\nfrom icml26.core import glue_number\nprint('the second cell ran')\n"
+    "_ = glue_number('early', 1.25)\n```\n",
+    "```{code-cell} ipython3\nraise RuntimeError('deliberately broken')\n```\n",
+    "The zanzibar text after the failure quotes {glue:text}`early:.2f` and "
+    "{glue:text}`late:.1f`, and shows {numref}`fig-broken-late`.\n",
+    "```{code-cell} ipython3\n_ = glue_number('late', 2.0)\n```\n",
+    "```{code-cell} ipython3\n---\nmystnb:\n  figure:\n    caption: A late figure.\n"
+    "    name: fig-broken-late\n---\nimport matplotlib.pyplot as plt\nplt.plot([1, 2])\n"
+    "plt.show()\n```\n",
+)
+
 
 def _chapter(title: str, *cells: str) -> str:
     return HEADER + f"# {title}\n\nSome text.\n\n" + PARAMETERS + "\n".join(cells)
@@ -77,11 +92,10 @@ def small_book(tmp_path):
     (root / "book" / "intro.md").write_text("# A small book\n\nThree chapters.\n")
     chapters = root / "book" / "chapters"
     (chapters / "alpha.md").write_text(_chapter("Alpha", NO_TCP_CELL, CLAIMS))
-    (chapters / "broken.md").write_text(_chapter(
-        "Broken", "```{code-cell} ipython3\nraise RuntimeError('deliberately broken')\n```\n"))
+    (chapters / "broken.md").write_text(_chapter("Broken", *BROKEN_CELLS))
     (chapters / "gamma.md").write_text(_chapter("Gamma", CLAIMS))
     toc = {"format": "jb-book", "root": "book/intro", "parts": [
-        {"caption": "Part", "chapters": [{"file": f"book/chapters/{s}"}
+        {"caption": "Part", "numbered": True, "chapters": [{"file": f"book/chapters/{s}"}
                                          for s in ("alpha", "broken", "gamma")]},
         {"caption": "Appendix", "chapters": [{"file": "book/appendix/reproduced"},
                                              {"file": "book/appendix/status"}]}]}
@@ -102,26 +116,47 @@ def _outputs(out: Path, slug: str) -> list[str]:
             for o in c.get("outputs", []) if o.get("output_type") == "stream"]
 
 
-def test_a_failing_chapter_does_not_stop_the_build(small_book, tmp_path):
+def test_a_failing_chapter_does_not_stop_the_build(small_book, tmp_path, capsys):
     out = tmp_path / "out"
     lines, error = _build(small_book, out, jobs=1)
+    source = small_book / "book" / "chapters" / "broken.md"
+    line = source.read_text().splitlines().index("raise RuntimeError('deliberately broken')")
     assert "1 of 3 chapters failed" in error
-    assert "broken: cell 3 of the source" in error and "deliberately broken" in error
+    assert f"broken: cell 4 of the source (line {line} of broken.md)" in error
+    assert "deliberately broken" in error
     executed = [ln for ln in lines if "fresh run" in ln]
     assert len(executed) == 2, lines  # alpha and gamma both ran
     assert any("broken: FAILED" in ln for ln in lines)
     table = next(ln for ln in lines if ln.startswith("| chapter"))
-    assert "**FAILED**" in table and "broken](../chapters/broken): cell 3 of the source" in table
+    assert "**FAILED**" in table and "broken](../chapters/broken): cell 4 of the source" in table
     html = out / "_build" / "html" / "book" / "chapters"
-    assert "failed to execute" in (html / "broken.html").read_text()
-    assert "deliberately broken" in (html / "broken.html").read_text()
+    page = (html / "broken.html").read_text()
+    # the chapter as far as it executed: outputs above, the error box, the text below
+    ran, box = page.index("the second cell ran"), page.index("failed to execute here")
+    assert ran < box < page.index("deliberately broken", box) < page.index("zanzibar text")
+    assert "1.25" in page and "late: not computed" in page
+    assert "Fig. 2.1" in page and 'alt="A late figure."' in page  # numbered in chapter 2
+    assert "Traceback" not in page[:box]
+    assert "zanzibar" in (out / "_build" / "html" / "searchindex.js").read_text()
+    download = nbformat.read(out / "_build" / "stage" / "book" / "chapters" / "broken.ipynb", 4)
+    assert len([c for c in download.cells if c.cell_type == "code"]) >= 5  # the whole notebook
     assert "Some text" in (html / "gamma.html").read_text()
+    # the ledger and `icml26 claims` say it failed, with the reason
+    ledger = json.loads((out / "_build" / "claims.json").read_text())
+    assert "deliberately broken" in ledger["broken"]["error"]
+    assert cli.main(["claims", "--out-root", str(out)]) == 0
+    claims = capsys.readouterr().out
+    assert re.search(r"^broken +FAILED: cell 4", claims, re.MULTILINE)
+    assert re.search(r"^broken \(tier smoke, seed 0\): FAILED: .*deliberately broken", claims,
+                     re.MULTILINE)
     # the kernel talked over Unix sockets and listened on no TCP port
     assert any("transport ipc tcp []" in text for text in _outputs(out, "alpha"))
     # failures are not cached: a rebuild runs the broken chapter again, the others from cache
     lines, _ = _build(small_book, out, jobs=1)
     assert sum("(cache)" in ln for ln in lines) == 2
     assert any("broken: FAILED" in ln for ln in lines)
+    history = pipeline.load_history(out)
+    assert "deliberately broken" in history["broken"]["smoke"]["error"]
 
 
 def test_an_unexpected_verdict_renders_and_only_the_strict_build_fails(small_book, tmp_path):

@@ -3,6 +3,9 @@ saves it back as MyST Markdown without outputs."""
 
 from __future__ import annotations
 
+import asyncio
+import difflib
+import json
 import os
 import secrets
 import shutil
@@ -16,8 +19,8 @@ import jupytext
 import pytest
 from test_site import CHROMIUM, CHROMIUM_ARGS
 
-from icml26.toolchain import lab
-from icml26.toolchain.chapters import ROOT
+from icml26.toolchain import lab, saving
+from icml26.toolchain.chapters import CHAPTER_DIR, ROOT, chapters
 
 SLUG = "mod-test"
 TIMEOUT_MS = 240_000  # the first kernel start imports torch; generous on a loaded machine
@@ -37,6 +40,69 @@ def test_lab_settings_open_markdown_as_notebooks(tmp_path):
     command = lab.lab_command(["--no-browser"])
     assert command[1] == "lab" and command[-1] == "--no-browser"
     assert f"--ServerApp.root_dir={ROOT}" in command
+    assert f"--ServerApp.contents_manager_class={lab.CONTENTS_MANAGER}" in command
+
+
+def test_the_lab_kernel_is_the_one_every_chapter_declares():
+    """Starting a kernel in the lab writes its spec into the notebook: it must be the chapters'."""
+    env = lab.lab_environment({"JUPYTER_PATH": "/elsewhere"})
+    assert env["JUPYTER_PATH"] == os.pathsep.join([str(lab.JUPYTER_DATA), "/elsewhere"])
+    spec = json.loads((lab.JUPYTER_DATA / "kernels" / "python3" / "kernel.json").read_text())
+    for chapter in chapters():
+        declared = jupytext.read(chapter.source).metadata["kernelspec"]
+        assert declared == {"name": "python3", "display_name": spec["display_name"],
+                            "language": spec["language"]}, chapter.slug
+
+
+async def _open_and_save(root: Path, path: str, edit=None) -> None:
+    manager = saving.BookContentsManager(root_dir=str(root))
+    model = await manager.get(path)
+    content = model["content"]
+    if edit:
+        edit(content)
+    await manager.save({"type": "notebook", "format": "json", "content": content}, path)
+
+
+def _copy_chapter(source: Path, root: Path) -> Path:
+    target = root / CHAPTER_DIR / source.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source, target)
+    shutil.copy(ROOT / "jupytext.toml", root / "jupytext.toml")
+    return target
+
+
+@pytest.mark.parametrize("chapter", chapters(), ids=lambda c: c.slug)
+def test_saving_an_unchanged_chapter_leaves_it_byte_identical(chapter, tmp_path):
+    target = _copy_chapter(chapter.source, tmp_path)
+    before = target.stat().st_mtime_ns
+    asyncio.run(_open_and_save(tmp_path, f"{CHAPTER_DIR}/{target.name}"))
+    assert target.read_bytes() == chapter.source.read_bytes()
+    assert target.stat().st_mtime_ns == before, "an unchanged chapter is not even rewritten"
+
+
+def test_saving_an_edited_chapter_changes_only_the_edit(tmp_path):
+    source = ROOT / CHAPTER_DIR / f"{SLUG}.md"
+    target = _copy_chapter(source, tmp_path)
+
+    def edit(notebook):
+        cell = next(c for c in notebook["cells"] if c["metadata"].get("mystnb"))
+        cell["source"] += "\n# an edit"
+
+    asyncio.run(_open_and_save(tmp_path, f"{CHAPTER_DIR}/{target.name}", edit))
+    diff = [line for line in difflib.unified_diff(source.read_text().splitlines(),
+                                                  target.read_text().splitlines(), n=0)
+            if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    assert diff == ["+# an edit"]
+
+
+def test_keep_layout_reuses_only_blocks_whose_data_is_unchanged():
+    cell = "```{code-cell} ipython3\n---\nmystnb:\n  figure:\n    caption: %s\n---\nx\n```\n"
+    old, same = cell % "A cap\n      tion.", cell % "A cap tion."
+    other = same.replace("A cap tion.", "Another.")
+    assert saving.keep_layout(old, same) == old
+    assert saving.keep_layout(old, other) == other
+    with pytest.raises(TypeError):
+        saving.keep_layout(old, None)
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +112,7 @@ def lab_server(tmp_path_factory):
     chapter = root / "book" / "chapters" / f"{SLUG}.md"
     chapter.parent.mkdir(parents=True)
     shutil.copy(ROOT / "book" / "chapters" / f"{SLUG}.md", chapter)
+    shutil.copy(ROOT / "jupytext.toml", root / "jupytext.toml")
     port, token = _free_port(), secrets.token_hex(16)
     icml26 = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "icml26"
     command = [str(icml26 if icml26.exists() else shutil.which("icml26")), "lab",
@@ -104,7 +171,7 @@ def test_chapter_opens_runs_and_saves_without_outputs(lab_server):
         pytest.skip("Chromium not found at /usr/bin/chromium or on PATH")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     url, token, chapter = lab_server
-    original = jupytext.read(chapter)
+    original, original_bytes = jupytext.read(chapter), chapter.read_bytes()
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -142,3 +209,4 @@ def test_chapter_opens_runs_and_saves_without_outputs(lab_server):
     assert "outputs" not in saved and "execution_count" not in saved
     again = jupytext.read(chapter)
     assert [c.source for c in again.cells] == [c.source for c in original.cells]
+    assert chapter.read_bytes() == original_bytes, "running and saving changed the chapter"

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import pickle
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from icml26.toolchain import cli, pipeline
+from icml26.toolchain import cli, failures, pipeline
+from icml26.toolchain.chapters import checkout_of
 
 NOTEBOOK_HEADER = """---
 jupytext:
@@ -38,11 +43,35 @@ def test_parameters_are_injected(tmp_path):
     assert printed.strip() == "book 5"
 
 
-def test_failing_cell_is_named(tmp_path):
-    source = _myst(tmp_path / "nb.md", "x = 1", "raise RuntimeError('boom')")
-    message = r"chapter t: cell 4 of the source .*raise RuntimeError.*boom"
-    with pytest.raises(pipeline.PipelineError, match=message):
+def test_failing_cell_is_named_with_its_line_and_the_partial_notebook(tmp_path):
+    source = _myst(tmp_path / "nb.md", "print('ran')", "raise RuntimeError('boom')")
+    fence = source.read_text().splitlines().index("raise RuntimeError('boom')")  # 1-based: above
+    message = rf"chapter t: cell 4 of the source \(line {fence} of nb.md\) .*raise Runtime.*boom"
+    with pytest.raises(failures.ChapterError, match=message) as failure:
         pipeline.execute_notebook(source, tmp_path / "out.ipynb", "smoke", 0, label="chapter t")
+    assert failure.value.line == fence
+    partial = nbformat.reads(failure.value.notebook.decode(), as_version=4)
+    assert "ran" in str(partial.cells) and failures.failing_code_cell(partial) == 3
+    copy = pickle.loads(pickle.dumps(failure.value))  # travels from workers to the build
+    assert (str(copy), copy.notebook, copy.line) == (str(failure.value), failure.value.notebook,
+                                                     fence)
+
+
+def test_cli_run_says_where_the_partial_notebook_and_the_failing_line_are(
+        tmp_path, fake_package, monkeypatch, capsys):
+    _, chapter = fake_package
+    chapter.source.write_text(chapter.source.read_text()
+                              + "```{code-cell} ipython3\n1 / 0\n```\n")
+    saved = []
+    monkeypatch.setattr(pipeline, "find_chapter", lambda slug: chapter)
+    monkeypatch.setattr(pipeline, "save_history", saved.extend)
+    output = tmp_path / "run.ipynb"
+    assert cli.main(["run", "chapter", "--tier", "smoke", "--output", str(output)]) == 1
+    out, err = capsys.readouterr()
+    line = chapter.source.read_text().splitlines().index("1 / 0")
+    assert f"as far as it executed: {output}" in out and output.exists()
+    assert f"the failing cell starts at {chapter.source}:{line}" in out
+    assert "ZeroDivisionError" in err and "ZeroDivisionError" in saved[0].error
 
 
 def test_dead_kernel_is_reported_with_the_notebook(tmp_path):
@@ -149,6 +178,26 @@ def test_cli_list_shows_every_chapter(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
     assert all(c.slug in out for c in pipeline.chapters())
+
+
+def test_list_is_aligned_and_names_failed_runs():
+    chapter_list = pipeline.chapters()[:3]
+    history = {chapter_list[0].slug: {"smoke": {"seconds": 12.25, "error": None}},
+               chapter_list[1].slug: {"book": {"seconds": 3.0, "error": "cell 7 raised\nmore"}}}
+    lines = cli.list_lines(history, chapter_list)
+    table = lines[:4]
+    assert {len(line) for line in table} == {len(table[0])}, "columns aligned"
+    assert table[1].split()[-3:] == ["12.2", "-", "-"]
+    assert table[2].split()[-3:] == ["-", "failed", "-"]
+    assert lines[-1] == f"  {chapter_list[1].slug} (book): cell 7 raised"
+
+
+def test_list_into_a_closed_pipe_is_silent():
+    command = [sys.executable, "-c", "import sys; from icml26.toolchain.cli import main; "
+               "sys.exit(main(['list']))"]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child.stdout.close()  # the reader is gone before the first line
+    assert child.stderr.read() == b"" and child.wait(timeout=60) == 1
 
 
 def test_ledger_renders_a_summary_forest_plots_and_rows(tmp_path):
@@ -282,3 +331,23 @@ def test_cli_verdicts_rejects_bad_input_with_one_line(argv, reason, capsys):
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and reason in err
+
+
+def test_the_command_follows_the_checkout_it_runs_in(tmp_path):
+    """Another checkout (its own chapters and library): `icml26 list` run inside it lists its
+    chapters, even from a subfolder, with the package installed from this one."""
+    other = tmp_path / "other-checkout"
+    shutil.copytree(pipeline.PACKAGE_DIR, other / "src" / "icml26",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (other / "book" / "chapters").mkdir(parents=True)
+    _myst(other / "book" / "chapters" / "zeta.md", "x = 1")
+    (other / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nparts:\n"
+                                    "  - caption: Only part\n    chapters:\n"
+                                    "      - file: book/chapters/zeta\n")
+    env = {k: v for k, v in os.environ.items() if k != "ICML26_ROOT"}
+    command = [sys.executable, "-m", "icml26.toolchain.cli", "list"]
+    listed = subprocess.run(command, cwd=other / "book", env=env, capture_output=True,
+                            text=True, timeout=120, check=True).stdout
+    assert "zeta" in listed and "Only part" in listed and "mod-test" not in listed
+    assert checkout_of(other / "book" / "chapters") == other.resolve()
+    assert checkout_of(tmp_path) is None

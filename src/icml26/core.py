@@ -124,25 +124,44 @@ class Timer:
         self.seconds = time.perf_counter() - self._start
 
 
-def glue_number(name: str, value: float, display: bool = False) -> float:
-    """Glue a headline number under ``name``; the text quotes it with ``{glue:text}`name:.3f```."""
+class _ShownByGlue:
+    """A glued value: as a cell's last line it displays nothing more (the glue is its output,
+    and the page quotes it in the text)."""
+
+    def _ipython_display_(self) -> None:
+        """IPython calls this instead of showing the value's repr: show nothing."""
+
+
+class GluedNumber(_ShownByGlue, float):
+    """The float :func:`glue_number` returns (arithmetic on it gives plain floats)."""
+
+
+class GluedText(_ShownByGlue, str):
+    """The string :func:`glue_text` returns."""
+
+
+def glue_number(name: str, value: float, display: bool = False) -> GluedNumber:
+    """Glue a headline number under ``name``; the text quotes it with ``{glue:text}`name:.3f```.
+
+    Returns the number, which a cell's last line does not display again."""
     if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool):
         raise TypeError(f"glued value {name!r} must be a real number, got {type(value).__name__}")
     from myst_nb import glue
 
     value = float(value)
     glue(name, value, display=display)
-    return value
+    return GluedNumber(value)
 
 
-def glue_text(name: str, text: str, display: bool = False) -> str:
-    """Glue a short text (say, a list of values) under ``name``: ``{glue:text}`name```."""
+def glue_text(name: str, text: str, display: bool = False) -> GluedText:
+    """Glue a short text (say, a list of values) under ``name``: ``{glue:text}`name```; returns
+    the text, which a cell's last line does not display again."""
     if not isinstance(text, str):
         raise TypeError(f"glued text {name!r} must be a string, got {type(text).__name__}")
     from myst_nb import glue
 
     glue(name, text, display=display)  # stored quoted; myst-nb's glue role strips the quotes
-    return text
+    return GluedText(text)
 
 
 def show_source(obj: object):

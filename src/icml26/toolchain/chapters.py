@@ -14,7 +14,20 @@ import yaml
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 """The ``icml26`` package: the library chapters import (the toolchain lives inside it)."""
 ROOT = Path(os.environ.get("ICML26_ROOT", PACKAGE_DIR.parents[1])).resolve()
+"""The book: the checkout this package belongs to, or the folder ``ICML26_ROOT`` names (the
+``icml26`` command first switches to the checkout it is run in: :func:`checkout_of`)."""
 CHAPTER_DIR = "book/chapters"
+
+
+def checkout_of(path: Path) -> Path | None:
+    """The checkout of the book that contains ``path`` (the nearest folder at or above it with
+    ``_toc.yml`` and ``src/icml26``), or None."""
+    path = Path(path).resolve()
+    for folder in (path, *path.parents):
+        package = folder / "src" / "icml26" / "__init__.py"
+        if (folder / "_toc.yml").is_file() and package.is_file():
+            return folder
+    return None
 
 
 class PipelineError(RuntimeError):

@@ -18,11 +18,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from pathlib import Path
 
 from icml26.core import TIERS
-from icml26.toolchain import grading, lab, labs, ledger, pipeline, verdicts
+from icml26.toolchain import failures, grading, lab, labs, ledger, pipeline, verdicts
+from icml26.toolchain.chapters import PACKAGE_DIR, checkout_of
 
 
 def _seed(text: str) -> int:
@@ -37,13 +40,32 @@ def _tier(text: str) -> str:
     return text
 
 
-def _list(_: argparse.Namespace) -> None:
-    history = pipeline.load_history()
-    print(f"{'chapter':<24} {'part':<34} " + " ".join(f"{t + ' (s)':>10}" for t in TIERS))
-    for chapter in pipeline.chapters():
+def _runtime(run: dict | None) -> str:
+    """One tier's last run for ``icml26 list``: its seconds, "failed" or "-"."""
+    if run is None:
+        return "-"
+    return "failed" if run.get("error") else f"{run['seconds']:.1f}"
+
+
+def list_lines(history: dict[str, dict[str, dict]], chapter_list: list) -> list[str]:
+    """``icml26 list``: one aligned row per chapter (slug, part, last runtime per tier), then
+    every chapter whose last run failed, with the reason."""
+    rows = [["chapter", "part", *(f"{tier} (s)" for tier in TIERS)]]
+    failed = []
+    for chapter in chapter_list:
         runs = history.get(chapter.slug, {})
-        times = [f"{runs[t]['seconds']:>10.1f}" if t in runs else f"{'-':>10}" for t in TIERS]
-        print(f"{chapter.slug:<24} {chapter.part:<34} " + " ".join(times))
+        rows.append([chapter.slug, chapter.part, *(_runtime(runs.get(t)) for t in TIERS)])
+        failed += [f"{chapter.slug} ({t}): {runs[t]['error'].splitlines()[0]}"
+                   for t in TIERS if runs.get(t, {}).get("error")]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join([row[0].ljust(widths[0]), row[1].ljust(widths[1]),
+                        *(cell.rjust(w) for cell, w in zip(row[2:], widths[2:], strict=True))])
+             .rstrip() for row in rows]
+    return lines + (["", "failed:", *(f"  {line}" for line in failed)] if failed else [])
+
+
+def _list(_: argparse.Namespace) -> None:
+    print("\n".join(list_lines(pipeline.load_history(), pipeline.chapters())))
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -52,7 +74,17 @@ def _run(args: argparse.Namespace) -> None:
     default = pipeline.ROOT / "_build" / "executed" / tier / f"{args.slug}.ipynb"
     output = Path(args.output) if args.output else default
     print(f"{chapter.slug}: executing at {tier} tier, seed {seed}", flush=True)
-    record = pipeline.run_chapter(chapter, tier, seed, output, use_cache=not args.no_cache)
+    start = time.perf_counter()
+    try:
+        record = pipeline.run_chapter(chapter, tier, seed, output, use_cache=not args.no_cache)
+    except failures.ChapterError as error:
+        pipeline.save_history([pipeline.failed_record(chapter, tier, seed,
+                                                      time.perf_counter() - start, str(error))])
+        if output.exists():
+            print(f"{chapter.slug}: the notebook as far as it executed: {output}")
+        if error.line:
+            print(f"{chapter.slug}: the failing cell starts at {chapter.source}:{error.line}")
+        raise
     pipeline.save_history([record])
     source = "cache" if record.cached else "fresh run"
     counts = record.claims
@@ -209,15 +241,34 @@ def parser() -> argparse.ArgumentParser:
     return main
 
 
+def follow_checkout(argv: list[str], cwd: Path | None = None) -> None:
+    """Run this command with the ``icml26`` of the checkout the caller stands in (its chapters
+    and its library), when that is another checkout than this package's and ``ICML26_ROOT``
+    does not name the book; returns only when nothing needs to change."""
+    here = checkout_of(cwd or Path.cwd())
+    if here is None or "ICML26_ROOT" in os.environ or here == PACKAGE_DIR.parents[1]:
+        return
+    path = os.pathsep.join(filter(None, [str(here / "src"), os.environ.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "icml26.toolchain.cli", *argv]
+    os.execve(command[0], command, {**os.environ, "PYTHONPATH": path})
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    follow_checkout(argv)
     if argv[:1] == ["lab"]:
         lab.start_lab(argv[1:])  # replaces this process
     args = parser().parse_args(argv)
     try:
-        return args.handler(args) or 0
+        status = args.handler(args) or 0
+        sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at exit
+        return status
     except (ValueError, pipeline.PipelineError) as error:
         print(f"icml26: error: {error}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `icml26 list | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's final flush must not fail again
         return 1
 
 

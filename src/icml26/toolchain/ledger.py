@@ -238,6 +238,10 @@ def ledger_text(ledger: Mapping[str, dict]) -> str:
     lines += [f"{'book':<{width}} " + " ".join(f"{totals[c]:>12}" for c in SUMMARY_COLUMNS), ""]
     for slug, entry in ledger.items():
         counts = count_kinds(entry["rows"])
+        if entry.get("error"):
+            lines.append(f"{slug} (tier {entry['tier']}, seed {entry['seed']}): FAILED: "
+                         f"{entry['error']}")
+            continue
         lines.append(f"{slug} (tier {entry['tier']}, seed {entry['seed']}): "
                      f"{counts['paper']} paper, {counts['finding']} finding, "
                      f"{counts['verification']} verification")

@@ -14,7 +14,6 @@ import contextlib
 import datetime as dt
 import filecmp
 import hashlib
-import html
 import json
 import os
 import platform
@@ -40,7 +39,7 @@ from traitlets.config import Config
 
 from icml26 import claims
 from icml26.core import check_tier
-from icml26.toolchain import ledger
+from icml26.toolchain import failures, ledger, pages
 from icml26.toolchain.chapters import (
     CHAPTER_DIR,
     PACKAGE_DIR,
@@ -56,7 +55,7 @@ from icml26.toolchain.labs import export_notebook
 LOCK_FILE = ROOT / "requirements" / "lock.txt"
 NODEPS_FILE = ROOT / "requirements" / "nodeps.txt"  # data packages, installed without deps
 DATA_DIR = ROOT / "data"
-PIPELINE_VERSION = "3"  # bump to invalidate every cached notebook
+PIPELINE_VERSION = "4"  # bump to invalidate every cached notebook
 CACHE_RUNS_PER_CHAPTER = 8  # cached runs kept per chapter (seeds and tiers), least recent out
 STATUS_TABLE = "book/appendix/_status_table.md"  # written by the build, included by status.md
 
@@ -242,16 +241,31 @@ def execute_notebook(
     except PapermillExecutionError as error:
         first_line = next((ln for ln in error.source.splitlines() if ln.strip()), "")
         cell = _source_cell_number(output, error.cell_index)
-        raise PipelineError(
-            f"{label or source}: cell {cell} of the source "
-            f"(starting {first_line!r}) raised {error.ename}: {error.evalue}"
+        partial = nbformat.read(output, as_version=4)
+        line = _source_line(source, failures.failing_code_cell(partial))
+        where = f" (line {line} of {source.name})" if line else ""
+        raise failures.ChapterError(
+            f"{label or source}: cell {cell} of the source{where} "
+            f"(starting {first_line!r}) raised {error.ename}: {error.evalue}",
+            output.read_bytes(), line,
         ) from None
     except (DeadKernelError, CellTimeoutError) as error:
         message = f"{label or source}: the kernel stopped ({error}); out of memory?"
-        raise PipelineError(message) from None
+        raise failures.ChapterError(message) from None
     seconds = time.perf_counter() - start
     _record_input_path(output, source)
     return seconds
+
+
+def _source_line(source: Path, code_cell: int | None) -> int | None:
+    """The line of a MyST ``source`` where its ``code_cell``-th code cell starts (None for a
+    plain notebook or an unknown cell)."""
+    if code_cell is None or source.suffix != ".md":
+        return None
+    try:
+        return failures.code_cell_line(source, code_cell)
+    except ValueError:
+        return None
 
 
 def _record_input_path(executed: Path, source: Path) -> None:
@@ -299,6 +313,14 @@ def cached_run(chapter: Chapter, tier: str, seed: int, output: Path,
     return record
 
 
+def failed_record(chapter: Chapter, tier: str, seed: int, seconds: float,
+                  error: str) -> RunRecord:
+    """The record of a run of ``chapter`` that failed with ``error`` (never cached)."""
+    finished = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    return RunRecord(chapter.slug, tier, seed, round(seconds, 2), ledger.count_kinds([]), False,
+                     "", finished, error)
+
+
 def store_run(chapter: Chapter, tier: str, seed: int, output: Path, seconds: float,
               cache: Path) -> RunRecord:
     """Record a fresh execution in ``output`` and keep a copy in the cache."""
@@ -330,12 +352,16 @@ def run_chapter(
     chapter: Chapter, tier: str, seed: int, output: Path, *, use_cache: bool = True,
     cache: Path | None = None,
 ) -> RunRecord:
-    """Execute ``chapter`` into ``output`` (an ``.ipynb``), reusing a cached run when valid."""
+    """Execute ``chapter`` into ``output`` (an ``.ipynb``), reusing a cached run when valid.
+
+    A failure raises :class:`~icml26.toolchain.failures.ChapterError`; ``output`` then holds the
+    notebook as far as it executed, when the kernel wrote one."""
     seed = validate_parameters(tier, seed)
     cache = cache or cache_dir()
     output.parent.mkdir(parents=True, exist_ok=True)
     if use_cache and (record := cached_run(chapter, tier, seed, output, cache)):
         return record
+    output.unlink(missing_ok=True)  # after a failure, what is there is the partial notebook
     seconds = execute_notebook(chapter.source, output, tier, seed, label=f"chapter {chapter.slug}")
     return store_run(chapter, tier, seed, output, seconds, cache)
 
@@ -364,7 +390,7 @@ def _history_file(out_root: Path) -> Path:
 
 
 def load_history(out_root: Path = ROOT) -> dict[str, dict[str, dict]]:
-    """The last run of every chapter and tier: ``{slug: {tier: record}}``."""
+    """The last run of every chapter and tier, failed or not: ``{slug: {tier: record}}``."""
     path = _history_file(out_root)
     return json.loads(path.read_text()) if path.exists() else {}
 
@@ -549,19 +575,6 @@ def connect_dask(address: str, timeout: float = 10.0, root: Path = ROOT):
     return client
 
 
-def _failure_notebook(chapter: Chapter, message: str) -> nbformat.NotebookNode:
-    """The page a failed chapter gets: its title and why it failed, the whole message wrapped."""
-    text = (f"# {chapter.title}\n\n````{{error}} This chapter failed to execute.\n"
-            f"The build ran every other chapter and rendered the book; this page stands in for "
-            f"the chapter until it runs again.\n\n"
-            f'<pre class="icml26-error" style="white-space: pre-wrap; overflow-wrap: anywhere">'
-            f"{html.escape(message)}</pre>\n````\n")
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(text)])
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                       "language": "python"}
-    return notebook
-
-
 def execute_chapters(
     selected: list[Chapter], tier: str, seed: int, stage: Path, cache: Path, *,
     use_cache: bool = True, jobs: int = 1, client=None, report: Callable[[str], None] = print,
@@ -569,7 +582,9 @@ def execute_chapters(
 ) -> list[RunRecord]:
     """Execute ``selected`` into ``stage``: cached runs reused, the rest run ``jobs`` at a time
     (or on the Dask ``client``'s workers). A chapter that fails does not stop the others: its
-    record carries the error and its page says why. Records come back in book order."""
+    record carries the error and its page is the chapter as far as it executed, with the error at
+    the failing cell (:func:`~icml26.toolchain.failures.failed_page`). Records come back in book
+    order."""
     total = len(selected)
     position = {c.slug: i for i, c in enumerate(selected, start=1)}
     # with several jobs each kernel gets its share of the cores; one job keeps chapters' defaults
@@ -603,12 +618,15 @@ def execute_chapters(
             seconds, notebook = run()
         except PipelineError as error:
             message = str(error).removeprefix(f"chapter {chapter.slug}: ")
-            nbformat.write(_failure_notebook(chapter, message), output(chapter))
-            finished = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-            done(chapter, RunRecord(chapter.slug, tier, seed, round(time.perf_counter() - start, 2),
-                                    ledger.count_kinds([]), False, "", finished, message))
+            partial = getattr(error, "notebook", None)
+            page = failures.failed_page(chapter.source, message, partial and nbformat.reads(
+                partial.decode("utf-8"), as_version=4))
+            nbformat.write(pages.with_alt_text(page), output(chapter))
+            done(chapter, failed_record(chapter, tier, seed, time.perf_counter() - start,
+                                        message))
             return
-        output(chapter).write_bytes(notebook)
+        page = pages.with_alt_text(nbformat.reads(notebook.decode("utf-8"), as_version=4))
+        nbformat.write(page, output(chapter))
         done(chapter, store_run(chapter, tier, seed, output(chapter), seconds, cache))
 
     def started(chapter: Chapter) -> None:
@@ -663,8 +681,8 @@ def build(
     ``jobs`` chapters execute at once (default :func:`default_jobs`), or, with ``dask`` (a
     scheduler address), one task per chapter on that cluster's workers, each executing its own
     checkout of the book. ``root`` is the book to build (default: this checkout). A failing
-    chapter does not stop the others: the book renders with a page saying why it failed, and the
-    build then raises :class:`PipelineError` listing every failure. A claim whose verdict is not
+    chapter does not stop the others: the book renders with its page as far as it executed, and
+    the build then raises :class:`PipelineError` listing every failure. A claim whose verdict is not
     the expected one is rendered and listed, not a failure, unless ``strict_claims``: then an
     unexpected verdict, or an expected one that is fragile, fails the build too. With
     ``student=True`` the same executed chapters, with every exercise solution removed, are
@@ -683,7 +701,7 @@ def build(
     finally:
         if client is not None:
             client.close()
-    save_history([r for r in records if not r.error], out_root)
+    save_history(records, out_root)
     errors = {r.slug: r.error for r in records if r.error}
     book_ledger = {c.slug: {"title": c.title, "tier": tier, "seed": seed,
                             "rows": ledger.chapter_rows(stage / CHAPTER_DIR / f"{c.slug}.ipynb"),
@@ -712,8 +730,8 @@ def build(
     if failed:
         lines = "\n".join(f"  {r.slug}: {r.error}" for r in failed)
         raise PipelineError(f"{len(failed)} of {len(records)} chapters failed (the book was "
-                            f"rendered with their failure pages: {html_dir / 'index.html'}):\n"
-                            f"{lines}")
+                            f"rendered, each of them as far as it executed: "
+                            f"{html_dir / 'index.html'}):\n{lines}")
     if strict_claims and problems:
         raise PipelineError(f"--strict-claims: {len(problems)} claims are unexpected or fragile "
                             f"(the book was rendered: {html_dir / 'index.html'}):\n"
