@@ -289,6 +289,23 @@ class Tokenizer(nn.Module):
         """Decode token indices ``(n, k)``: the prefix of length ``k``."""
         return self.decode(self.fsq.indices_to_codes(indices), speed, indices.shape[1])
 
+    def decode_known(self, indices, known, speed) -> Tensor:
+        """Positions ``(n, T, 2)`` from token indices ``(n, K)`` of which only the positions where
+        ``known`` ``(n, K)`` is true are used; every other position gets its learned mask
+        ({eq}`eq-lts-masked-decoder` with an arbitrary set of kept positions, not only a prefix).
+        """
+        indices = torch.as_tensor(indices, dtype=torch.long)
+        known = torch.as_tensor(known, dtype=torch.bool)
+        if indices.ndim != 2 or indices.shape[1] != self.n_tokens or known.shape != indices.shape:
+            raise ValueError(f"indices and known must both have shape (n, {self.n_tokens}), got "
+                             f"{tuple(indices.shape)} and {tuple(known.shape)}")
+        codes = self.fsq.indices_to_codes(indices.clamp(0, self.fsq.codebook_size - 1))
+        n = len(codes)
+        filled = torch.where(known.unsqueeze(-1), codes, self.mask.expand(n, -1, -1))
+        speed = torch.as_tensor(speed, dtype=torch.float32).reshape(-1).expand(n)
+        out = self.decoder(torch.cat([filled.reshape(n, -1), self.norm.context(speed)], -1))
+        return rollout(out.reshape(n, -1, 2), speed)
+
     def prefix_mse(self, positions: Tensor, speed, prefix: int) -> Tensor:
         """Per-trajectory mean squared error (m^2) of the decode from the first ``prefix``
         tokens."""
@@ -383,6 +400,108 @@ class TokenPrior:
         probs = self.log_prob.exp()
         return torch.stack([torch.multinomial(p, n, replacement=True, generator=generator)
                             for p in probs], -1)
+
+
+class JointPrior:
+    """The empirical joint law of training code tuples, read in a search ``order``.
+
+    The tuples of the training set are stored with their positions permuted by ``order`` and
+    sorted lexicographically, so that the rows sharing a prefix are contiguous. The conditional
+    law of the next token given a prefix ``(z_{o_1}, ..., z_{o_k})`` is the frequency of the
+    next token among the training tuples that share the prefix, smoothed towards the marginal of
+    that position with weight ``smoothing`` {eq}`eq-lts-joint-prior`. ``order`` defaults to the
+    token order (coarse to fine); ``order[::-1]`` searches fine to coarse.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, positions, speed, order: Sequence[int] | None = None,
+                 smoothing: float = 1.0):
+        k_all, size = tokenizer.n_tokens, tokenizer.fsq.codebook_size
+        order = list(range(k_all)) if order is None else [int(o) for o in order]
+        if sorted(order) != list(range(k_all)):
+            raise ValueError(f"order must be a permutation of 0..{k_all - 1}, got {order}")
+        if not smoothing > 0:
+            raise ValueError(f"smoothing must be positive, got {smoothing}")
+        with torch.no_grad():
+            codes = tokenizer.encode(torch.as_tensor(positions), torch.as_tensor(speed))
+        raw = tokenizer.fsq.codes_to_indices(codes).numpy().astype(np.int64)
+        self.order, self.size, self.n_tokens = np.array(order), size, k_all
+        self.smoothing = float(smoothing)
+        tuples = raw[:, self.order]
+        perm = np.lexsort(tuples.T[::-1])
+        self.tuples = tuples[perm]  # search order, sorted
+        self.keys = [self._key(self.tuples[:, :k]) for k in range(k_all + 1)]
+        counts = np.stack([np.bincount(self.tuples[:, k], minlength=size)
+                           for k in range(k_all)]).astype(float) + 1.0
+        self.marginal = counts / counts.sum(1, keepdims=True)
+
+    def _key(self, prefixes: np.ndarray) -> np.ndarray:
+        k = prefixes.shape[1]
+        return (prefixes * self.size ** np.arange(k - 1, -1, -1, dtype=np.int64)).sum(1)
+
+    def _counts(self, prefixes: np.ndarray) -> np.ndarray:
+        """Number of training tuples that share each prefix (search order)."""
+        keys, k = self._key(prefixes), prefixes.shape[1]
+        return (np.searchsorted(self.keys[k], keys, "right")
+                - np.searchsorted(self.keys[k], keys, "left"))
+
+    def conditional(self, prefixes) -> np.ndarray:
+        """Probabilities ``(n, C)`` of the next token in search order after each prefix."""
+        prefixes = np.asarray(prefixes, dtype=np.int64)
+        if prefixes.ndim != 2:
+            raise ValueError(f"prefixes must have shape (n, k), got {prefixes.shape}")
+        k = prefixes.shape[1]
+        if k >= self.n_tokens:
+            raise ValueError(f"a prefix of length {k} has no next token")
+        keys = self._key(prefixes)
+        lo = np.searchsorted(self.keys[k], keys, "left")
+        hi = np.searchsorted(self.keys[k], keys, "right")
+        out = np.empty((len(prefixes), self.size))
+        for row, (a, b) in enumerate(zip(lo, hi, strict=True)):
+            counts = np.bincount(self.tuples[a:b, k], minlength=self.size)
+            out[row] = (counts + self.smoothing * self.marginal[k]) / (b - a + self.smoothing)
+        return out
+
+    def log_prob(self, prefixes) -> np.ndarray:
+        """Log-probability of prefixes (search order) under the chain of conditionals."""
+        prefixes = np.asarray(prefixes, dtype=np.int64)
+        total = np.zeros(len(prefixes))
+        below = np.full(len(prefixes), len(self.tuples))
+        for k in range(prefixes.shape[1]):
+            above = self._counts(prefixes[:, :k + 1])
+            total += np.log((above + self.smoothing * self.marginal[k, prefixes[:, k]])
+                            / (below + self.smoothing))
+            below = above
+        return total
+
+    def to_positions(self, tuples: np.ndarray) -> np.ndarray:
+        """Tuples in search order to tuples in token order."""
+        out = np.empty_like(tuples)
+        out[:, self.order] = tuples
+        return out
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """``n`` training tuples drawn uniformly (the empirical joint law), in token order."""
+        n = _check_int(n, "n")
+        return self.to_positions(self.tuples[rng.integers(0, len(self.tuples), n)])
+
+    def complete(self, prefixes, rng: np.random.Generator) -> np.ndarray:
+        """Complete each prefix (search order) with the rest of a training tuple drawn uniformly
+        among those that share the longest prefix present in the data; token order out."""
+        prefixes = np.asarray(prefixes, dtype=np.int64)
+        n, k = prefixes.shape
+        rows = np.full(n, -1)
+        for length in range(k, -1, -1):
+            todo = np.flatnonzero(rows < 0)
+            if not len(todo):
+                break
+            keys = self._key(prefixes[todo, :length])
+            lo = np.searchsorted(self.keys[length], keys, "left")
+            hi = np.searchsorted(self.keys[length], keys, "right")
+            hit = hi > lo
+            rows[todo[hit]] = lo[hit] + (rng.random(hit.sum()) * (hi - lo)[hit]).astype(int)
+        out = self.tuples[rows].copy()
+        out[:, :k] = prefixes
+        return self.to_positions(out)
 
 
 # --- Objective -------------------------------------------------------------------------------
@@ -494,6 +613,7 @@ class Plan:
     positions: Tensor
     cost: float
     evaluations: int
+    trace: list | None = None
 
 
 def beam_cost(n_tokens: int, codebook: int, width: int) -> int:
@@ -582,18 +702,22 @@ def cem_vae(vae: TrajectoryVAE, scenario: Scenario, budget: int, generator: torc
 
 
 def optimise_waypoints(scenario: Scenario, budget: int, generator: torch.Generator,
-                       restarts: int = 8, lr: float = 0.3) -> Plan:
+                       restarts: int = 8, lr: float = 0.3,
+                       init_noise: tuple[float, float] = (1.0, 2.0)) -> Plan:
     """Adam directly on the ``T x 2`` waypoints, ``restarts`` in parallel, no learned model.
 
-    Starts from constant-velocity lines with lateral noise; every step evaluates the
-    objective (with its gradient) once per restart, so ``budget // restarts`` steps.
+    Starts from the constant-velocity line plus Gaussian noise of standard deviation
+    ``init_noise`` (longitudinal, lateral; ``(0, 0)`` with one restart is the noise-free start);
+    every step evaluates the objective (with its gradient) once per restart, so
+    ``budget // restarts`` steps.
     """
     budget = _check_int(budget, "budget")
     if budget < restarts:
         raise ValueError(f"budget {budget} is smaller than one step of {restarts} restarts")
     t = torch.arange(1, HORIZON + 1, dtype=torch.float32) * DT
     line = torch.stack([scenario.speed * t, torch.zeros_like(t)], -1)
-    init = line + torch.randn(restarts, HORIZON, 2, generator=generator) * torch.tensor([1.0, 2.0])
+    init = line + torch.randn(restarts, HORIZON, 2, generator=generator) * torch.tensor(
+        [float(init_noise[0]), float(init_noise[1])])
     way = init.clone().requires_grad_(True)
     opt = torch.optim.Adam([way], lr=lr)
     steps = budget // restarts
@@ -606,6 +730,139 @@ def optimise_waypoints(scenario: Scenario, budget: int, generator: torch.Generat
         cost = task_cost(way, scenario)
         best = way[cost.argmin()].detach()
     return Plan(best, float(cost.min()), steps * restarts)
+
+
+def topm_cost(n_tokens: int, top_m: int, width: int) -> int:
+    """Decoder evaluations of a beam that expands the top ``M`` codes {eq}`eq-lts-costs`:
+    ``M (1 + (K - 1) B)`` (``M >= B``, so every step after the first has ``B`` prefixes)."""
+    return top_m * (1 + (n_tokens - 1) * width)
+
+
+def topm_width_for(budget: int, n_tokens: int, top_m: int) -> int:
+    """The widest beam (at most ``top_m``) of :func:`topm_cost` within ``budget``."""
+    budget, top_m = _check_int(budget, "budget"), _check_int(top_m, "top_m")
+    if n_tokens == 1:
+        return 1
+    width = min(top_m, (budget // top_m - 1) // (n_tokens - 1))
+    if width < 1:
+        raise ValueError(f"budget {budget} cannot finish a width-1 beam expanding {top_m} codes "
+                         f"({topm_cost(n_tokens, top_m, 1)} decodes)")
+    return width
+
+
+@torch.no_grad()
+def token_beam(tokenizer: Tokenizer, speed: float, cost_fn: Callable[[Tensor], Tensor],
+               prior: JointPrior, width: int, top_m: int, *, score: str = "mask",
+               prior_weight: float = 0.0, rng: np.random.Generator | None = None) -> Plan:
+    """Beam search over tokens in the search order of ``prior``, expanding the top ``M`` codes.
+
+    At step ``k`` each kept prefix (in the order ``prior.order``) is extended by the ``top_m``
+    most probable next codes under the prior's conditional law {eq}`eq-lts-joint-prior`; each
+    child is scored by ``cost_fn`` of one decode plus ``prior_weight`` times its negative log
+    prior, and the best ``width`` are kept. ``score="mask"`` decodes the child with its unset
+    tokens masked ({eq}`eq-lts-masked-decoder`); ``score="complete"`` decodes the child completed
+    by a training tuple that shares it (:meth:`JointPrior.complete`, which needs ``rng``). The
+    search spends ``M (1 + (K - 1) B)`` decodes {eq}`eq-lts-costs`. ``trace`` holds, after each
+    step, the evaluations spent so far and the objective of the best child's decode.
+    """
+    width, top_m = _check_int(width, "width"), _check_int(top_m, "top_m")
+    if score not in ("mask", "complete"):
+        raise ValueError(f"score must be 'mask' or 'complete', got {score!r}")
+    if score == "complete" and rng is None:
+        raise ValueError("score='complete' draws completions: pass rng")
+    if prior.n_tokens != tokenizer.n_tokens or prior.size != tokenizer.fsq.codebook_size:
+        raise ValueError("the prior was fitted on another tokenizer's codes")
+    k_all, m = tokenizer.n_tokens, min(top_m, prior.size)
+    beams, beam_logp = np.zeros((1, 0), np.int64), np.zeros(1)
+    evaluations, trace = 0, []
+    for k in range(k_all):
+        probs = prior.conditional(beams)
+        top = np.argsort(-probs, axis=1, kind="stable")[:, :m]
+        children = np.concatenate([np.repeat(beams, m, 0), top.reshape(-1, 1)], 1)
+        logp = np.repeat(beam_logp, m) + np.log(np.take_along_axis(probs, top, 1)).ravel()
+        if score == "mask" or k == k_all - 1:
+            full = np.zeros((len(children), k_all), np.int64)
+            full[:, prior.order[:k + 1]] = children
+            known = np.zeros_like(full, dtype=bool)
+            known[:, prior.order[:k + 1]] = True
+            plans = tokenizer.decode_known(torch.from_numpy(full), torch.from_numpy(known), speed)
+        else:
+            full = prior.complete(children, rng)
+            plans = tokenizer.decode_indices(torch.from_numpy(full), speed)
+        cost = cost_fn(plans)
+        evaluations += len(children)
+        ranked = np.argsort((cost - prior_weight * torch.from_numpy(logp).float()).numpy(),
+                            kind="stable")[:width]
+        beams, beam_logp = children[ranked], logp[ranked]
+        trace.append((evaluations, float(cost[ranked[0]])))
+        best = plans[ranked[0]]
+    return Plan(best, float(cost_fn(best[None])[0]), evaluations, trace)
+
+
+@torch.no_grad()
+def best_of_joint(tokenizer: Tokenizer, speed: float, cost_fn: Callable[[Tensor], Tensor],
+                  prior: JointPrior, n: int, rng: np.random.Generator,
+                  prior_weight: float = 0.0) -> Plan:
+    """Best-of-N over ``n`` training code tuples drawn from the empirical joint law."""
+    tuples = prior.sample(n, rng)
+    plans = tokenizer.decode_indices(torch.from_numpy(tuples), speed)
+    cost = cost_fn(plans)
+    logp = prior.log_prob(tuples[:, prior.order])
+    best = plans[int(np.argmin(cost.numpy() - prior_weight * logp))]
+    return Plan(best, float(cost_fn(best[None])[0]), n)
+
+
+@dataclass
+class CutIn:
+    """An adversarial cut-in: the *other* agent's plan, searched in the same token space.
+
+    The ego drives at constant speed ``ego_speed`` along ``y = 0``; the agent starts at
+    ``start`` (ego frame, heading +x) with speed ``speed`` and should end in the ego's lane
+    ``gap`` metres ahead of the ego, without contact (``radius``) {eq}`eq-lts-cutin`.
+    """
+
+    ego_speed: float
+    start: tuple[float, float]
+    speed: float
+    gap: float = 8.0
+    radius: float = 3.0
+
+    def ego_path(self) -> Tensor:
+        t = torch.arange(1, HORIZON + 1, dtype=torch.float32) * DT
+        return torch.stack([self.ego_speed * t, torch.zeros_like(t)], -1)
+
+    def cost(self, positions: Tensor) -> Tensor:
+        """Cut-in objective {eq}`eq-lts-cutin` of agent plans ``(n, T, 2)`` in the agent's frame."""
+        world = positions + positions.new_tensor(self.start)
+        ego = self.ego_path()
+        target = ego[-1] + torch.tensor([self.gap, 0.0])
+        goal_term = ((world[:, -1] - target) ** 2).sum(-1) / GOAL_SCALE**2
+        dist = (world - ego).norm(dim=-1)
+        contact = (self.radius - dist).clamp_min(0).pow(2).sum(-1)
+        comfort = jerk(positions, self.speed).pow(2).sum(-1).mean(-1)
+        return goal_term + COLLISION_WEIGHT * contact + JERK_WEIGHT * comfort
+
+    def success(self, positions: Tensor) -> Tensor:
+        """Ends in the ego's lane within 3 m of the target gap, never within ``radius``."""
+        world = positions + positions.new_tensor(self.start)
+        ego = self.ego_path()
+        lateral = world[:, -1, 1].abs() < LANE / 2
+        gap_ok = (world[:, -1, 0] - ego[-1, 0] - self.gap).abs() < 3.0
+        clear = (world - ego).norm(dim=-1).amin(-1) > self.radius
+        return lateral & gap_ok & clear
+
+
+def make_cut_ins(n: int, rng: np.random.Generator) -> list[CutIn]:
+    """``n`` cut-in problems: the agent starts in a neighbouring lane, 10 m behind to 5 m ahead
+    of the ego, 1-4 m/s faster."""
+    n = _check_int(n, "n")
+    out = []
+    for _ in range(n):
+        ego = float(rng.uniform(8.0, 14.0))
+        side = float(rng.choice([-1.0, 1.0]))
+        out.append(CutIn(ego_speed=ego, start=(float(rng.uniform(-10.0, 5.0)), side * LANE),
+                         speed=ego + float(rng.uniform(1.0, 4.0))))
+    return out
 
 
 # --- Closed loop -----------------------------------------------------------------------------
