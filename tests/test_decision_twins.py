@@ -210,14 +210,50 @@ def test_counterexample_closed_forms():
 def test_small_study_runs_and_is_reproducible():
     config = dt.Config(replicates=2, n_train=4, n_unseen=3, episodes=10, steps=10,
                        heldout_episodes=5, horizon=5, truth_starts=32, fqe_features=20,
-                       linear_weights=(0.0, 1.0), mlp_weights=(0.0, 1.0), linear_steps=3,
+                       linear_weights=(0.0, 1.0), linear_steps=3,
                        mlp_pretrain=3, mlp_steps=3, hidden=4, n_starts=4)
     first, second = dt.run_study(3, config), dt.run_study(3, config)
-    assert len(first.metrics) == 5  # linear MSE, DT², oracle; MLP MSE, DT²
+    assert len(first.metrics) == 8  # linear MSE, DT², oracle; same in the control; MLP MSE, DT²
     for variant, metrics in first.metrics.items():
         for name, values in metrics.items():
             assert values.shape == (2,)
-            np.testing.assert_allclose(values, second.metrics[variant][name], rtol=1e-5)
+            # atol: the control's exact twin has a held-out error of float32 rounding size
+            np.testing.assert_allclose(values, second.metrics[variant][name], rtol=1e-5,
+                                       atol=1e-5)
+
+
+def test_actuator_is_gymnasium_at_zero_and_cubic_at_one():
+    u = torch.linspace(-3.0, 3.0, 61, dtype=torch.float64)
+    clipped = u.clamp(-dt.MAX_TORQUE, dt.MAX_TORQUE)
+    torch.testing.assert_close(dt.actuator(u, 0.0), clipped)
+    torch.testing.assert_close(dt.actuator(u, 1.0), 2 * (clipped / 2) ** 3)
+    torch.testing.assert_close(dt.actuator(u, 0.5), 0.5 * clipped + (clipped / 2) ** 3)
+    state = dt.reset_states(5, np.random.default_rng(0))
+    torque = torch.full((5,), 0.5, dtype=torch.float64)
+    weak, _ = dt.pendulum_step(state, torque, 1.0)
+    full, _ = dt.pendulum_step(state, torque, 0.0)
+    # with the cubic actuator a command u = 0.5 delivers 2 (1/4)^3 = 1/32, a sixteenth of it
+    free, _ = dt.pendulum_step(state, torch.zeros(5, dtype=torch.float64), 0.0)
+    ratio = (weak[:, 1] - free[:, 1]) / (full[:, 1] - free[:, 1])
+    torch.testing.assert_close(ratio, torch.full((5,), 0.0625, dtype=torch.float64))
+    with pytest.raises(ValueError, match="cubic"):
+        dt.actuator(u, 1.5)
+
+
+def test_linear_twin_is_exact_for_the_linear_actuator():
+    """The falsification control's premise: with cubic = 0 the least-squares linear twin equals
+    the pendulum (away from the speed clip); with cubic = 1 it does not."""
+    rng = np.random.default_rng(8)
+    behaviour = dt.sample_gains(3, rng)
+    errors = {}
+    for cubic in (0.0, 1.0):
+        data = dt.collect_offline(behaviour, 30, 20, 0.5, np.random.default_rng(9), cubic, 0.5)
+        scale = (data.next_states - data.states).std(dim=0).float()
+        twin = dt.LinearTwin(1, scale)
+        transitions = (data.states[None], data.actions[None], data.next_states[None])
+        twin.fit_least_squares(*transitions)
+        errors[cubic] = float(dt.one_step_loss(twin, *transitions))
+    assert errors[0.0] < 1e-3 < errors[1.0]
 
 
 def test_bad_input_raises_clear_errors():

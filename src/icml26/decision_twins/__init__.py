@@ -14,7 +14,9 @@ from icml26.decision_twins.env import (
     MAX_SPEED,
     MAX_TORQUE,
     OfflineData,
+    actuator,
     angle_normalize,
+    check_cubic,
     check_gains,
     check_offline,
     collect_offline,
@@ -32,6 +34,7 @@ from icml26.decision_twins.experiment import (
     Variant,
     evaluate,
     make_replicate,
+    replicate_seeds,
     run_study,
     train_variants,
 )
@@ -56,9 +59,11 @@ from icml26.decision_twins.twins import (
 __all__ = [
     "DT", "GAIN_HIGH", "GAIN_LOW", "MAX_SPEED", "MAX_TORQUE", "BatchedTwin", "Config",
     "Counterexample", "FourierFeatures", "LinearTwin", "MLPTwin", "OfflineData", "Replicate",
-    "Study", "TrainingLog", "Variant", "angle_normalize", "check_gains", "check_offline",
+    "Study", "TrainingLog", "Variant", "actuator", "angle_normalize", "check_cubic",
+    "check_gains", "check_offline",
     "check_weights", "collect_offline", "decision_regret", "evaluate", "fitted_q_evaluation",
     "kendall_tau", "make_replicate", "one_step_loss", "pair_temperature", "pairwise_accuracy",
-    "pendulum_reward", "pendulum_step", "policy_torque", "ranking_loss", "reset_states",
-    "run_study", "sample_gains", "train_dt2", "train_variants", "true_values", "twin_values",
+    "pendulum_reward", "pendulum_step", "policy_torque", "ranking_loss", "replicate_seeds",
+    "reset_states", "run_study", "sample_gains", "train_dt2", "train_variants", "true_values",
+    "twin_values",
 ]

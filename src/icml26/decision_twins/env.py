@@ -4,6 +4,11 @@ The dynamics copy ``gymnasium.envs.classic_control.PendulumEnv.step`` (gymnasium
 term, vectorised over any leading batch shape: the state is ``(theta, theta_dot)`` in the last
 dimension, the torque is clipped to ``[-2, 2]``, the reward is computed from the state *before*
 the step and the clipped torque (Eq. ``eq-dt2-pendulum``).
+
+The chapter adds one knob to gymnasium's system, an actuator nonlinearity (Eq.
+``eq-dt2-actuator``): the torque that reaches the joint is
+``(1 - cubic) u + cubic * 2 (u / 2)^3``. ``cubic = 0`` is gymnasium's pendulum; ``cubic = 1`` is
+the one-dimensional counterexample's cubic response, scaled to the torque range.
 """
 
 from __future__ import annotations
@@ -50,8 +55,30 @@ def pendulum_reward(state: torch.Tensor, torque: torch.Tensor) -> torch.Tensor:
     return -(angle_normalize(theta) ** 2 + 0.1 * theta_dot**2 + 0.001 * u**2)
 
 
-def pendulum_step(state: torch.Tensor, torque: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One step of ``Pendulum-v1``: ``(next_state, reward)``, Eq. ``eq-dt2-pendulum``.
+def check_cubic(cubic: float) -> float:
+    """Validate the actuator nonlinearity ``cubic`` in ``[0, 1]``."""
+    if isinstance(cubic, bool) or not isinstance(cubic, (int, float, np.floating)):
+        raise TypeError(f"cubic must be a real number, got {type(cubic).__name__}")
+    cubic = float(cubic)
+    if not 0.0 <= cubic <= 1.0:
+        raise ValueError(f"cubic must lie in [0, 1], got {cubic}")
+    return cubic
+
+
+def actuator(torque: torch.Tensor, cubic: float = 0.0) -> torch.Tensor:
+    """Torque delivered to the joint for a commanded (clipped) torque, Eq. ``eq-dt2-actuator``:
+    ``(1 - cubic) u + cubic * 2 (u / 2)^3``; both ends of the range are unchanged."""
+    cubic = check_cubic(cubic)
+    u = torch.clamp(torque, -MAX_TORQUE, MAX_TORQUE)
+    if cubic == 0.0:
+        return u
+    return (1 - cubic) * u + cubic * MAX_TORQUE * (u / MAX_TORQUE) ** 3
+
+
+def pendulum_step(state: torch.Tensor, torque: torch.Tensor,
+                  cubic: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of ``Pendulum-v1``: ``(next_state, reward)``, Eq. ``eq-dt2-pendulum``, with the
+    actuator of Eq. ``eq-dt2-actuator`` (``cubic = 0``: gymnasium's pendulum exactly).
 
     ``state`` has shape ``(..., 2)`` and ``torque`` the leading shape ``(...)``. The angle is not
     wrapped, exactly as in gymnasium (only the reward and the observation use the wrapped angle).
@@ -64,7 +91,7 @@ def pendulum_step(state: torch.Tensor, torque: torch.Tensor) -> tuple[torch.Tens
     theta, theta_dot = state[..., 0], state[..., 1]
     reward = -(angle_normalize(theta) ** 2 + 0.1 * theta_dot**2 + 0.001 * u**2)
     new_dot = theta_dot + (3 * GRAVITY / (2 * LENGTH) * torch.sin(theta)
-                           + 3.0 / (MASS * LENGTH**2) * u) * DT
+                           + 3.0 / (MASS * LENGTH**2) * actuator(u, cubic)) * DT
     new_dot = torch.clamp(new_dot, -MAX_SPEED, MAX_SPEED)
     new_theta = theta + new_dot * DT
     return torch.stack([new_theta, new_dot], dim=-1), reward
@@ -142,7 +169,7 @@ def check_gamma(gamma: float) -> float:
 
 
 def true_values(gains: torch.Tensor, starts: torch.Tensor, horizon: int,
-                gamma: float) -> torch.Tensor:
+                gamma: float, cubic: float = 0.0) -> torch.Tensor:
     """Monte Carlo values of ``P`` policies in the true pendulum, Eq. ``eq-dt2-value``.
 
     Every policy starts from every state in ``starts`` (shape ``(B, 2)``); the value is the mean
@@ -151,13 +178,14 @@ def true_values(gains: torch.Tensor, starts: torch.Tensor, horizon: int,
     """
     gains = check_gains(gains)
     horizon, gamma = check_horizon(horizon), check_gamma(gamma)
+    cubic = check_cubic(cubic)
     starts = _check_state(starts)
     if starts.ndim != 2 or starts.shape[0] == 0:
         raise ValueError(f"starts must have shape (B, 2) with B >= 1, got {tuple(starts.shape)}")
     state = starts.to(torch.float64).unsqueeze(0).expand(gains.shape[0], -1, -1)
     total = torch.zeros(state.shape[:-1], dtype=torch.float64)
     for t in range(horizon):
-        state, reward = pendulum_step(state, policy_torque(gains, state))
+        state, reward = pendulum_step(state, policy_torque(gains, state), cubic)
         total = total + gamma**t * reward
     return total.mean(dim=-1)
 
@@ -197,16 +225,21 @@ def check_offline(data: OfflineData) -> OfflineData:
 
 
 def collect_offline(behaviour: torch.Tensor, episodes: int, steps: int, noise: float,
-                    rng: np.random.Generator) -> OfflineData:
-    """Offline data from the true pendulum: each episode picks one behaviour controller at random
-    and adds Gaussian torque noise of standard deviation ``noise``; starts come from the reset
-    distribution."""
+                    rng: np.random.Generator, cubic: float = 0.0,
+                    explore: float = 0.0) -> OfflineData:
+    """Offline data from the true pendulum (actuator ``cubic``): each episode picks one behaviour
+    controller at random and adds Gaussian torque noise of standard deviation ``noise``; at each
+    step, with probability ``explore``, the torque is instead uniform on ``[-2, 2]`` (the
+    counterexample's behaviour distribution). Starts come from the reset distribution."""
     behaviour = check_gains(behaviour)
     steps = check_horizon(steps)
     if isinstance(episodes, bool) or not isinstance(episodes, (int, np.integer)) or episodes < 1:
         raise ValueError(f"episodes must be a positive integer, got {episodes!r}")
     if not noise >= 0:
         raise ValueError(f"noise must be non-negative, got {noise}")
+    cubic = check_cubic(cubic)
+    if not 0.0 <= explore <= 1.0:
+        raise ValueError(f"explore must lie in [0, 1], got {explore}")
     starts = reset_states(episodes, rng)
     which = torch.from_numpy(rng.integers(0, behaviour.shape[0], size=episodes))
     gains = behaviour[which]  # one controller per episode: treat episodes as P = episodes, B = 1
@@ -216,8 +249,10 @@ def collect_offline(behaviour: torch.Tensor, episodes: int, steps: int, noise: f
         u = policy_torque(gains, state)
         u = torch.clamp(u + noise * torch.from_numpy(rng.standard_normal(u.shape)),
                         -MAX_TORQUE, MAX_TORQUE)
+        uniform = torch.from_numpy(rng.uniform(-MAX_TORQUE, MAX_TORQUE, u.shape))
+        u = torch.where(torch.from_numpy(rng.random(u.shape) < explore), uniform, u)
         wrapped = torch.stack([angle_normalize(state[..., 0]), state[..., 1]], dim=-1)
-        nxt, reward = pendulum_step(wrapped, u)
+        nxt, reward = pendulum_step(wrapped, u, cubic)
         records.append((wrapped, u, reward, nxt))
         state = nxt
     cat = [torch.cat([r[i].reshape(-1, *r[i].shape[2:]) for r in records]) for i in range(4)]

@@ -1,9 +1,11 @@
 """The pendulum experiment: replicates of (data, policies, FQE, twins), trained in one batch.
 
 Each replicate draws its own training and unseen controllers, behaviour controllers and offline
-data from the true pendulum. Every twin variant (a twin class and a ranking weight, with FQE or
-true values as ranking labels) is trained for every replicate; all models of one twin class are
-one batched module, so a whole study costs one training loop per twin class.
+data from the true pendulum with the cubic actuator of Eq. ``eq-dt2-actuator``. Every twin
+variant (a twin class and a ranking weight, with FQE or true values as ranking labels) is trained
+for every replicate; all models of one twin class are one batched module, so a whole study costs
+one training loop per twin class. The falsification control repeats the linear-twin variants on
+the same controllers with gymnasium's linear actuator, a system inside the linear twin's class.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 from icml26.decision_twins.env import (
     OfflineData,
+    check_cubic,
     check_gamma,
     check_horizon,
     collect_offline,
@@ -41,49 +44,55 @@ from icml26.decision_twins.twins import (
 class Config:
     """Sizes of one study; the defaults are the book tier."""
 
-    replicates: int = 6
+    replicates: int = 24
     n_train: int = 12
     n_unseen: int = 16
     n_behaviour: int = 3
-    episodes: int = 100
+    episodes: int = 60
     steps: int = 50
     heldout_episodes: int = 50
-    noise: float = 2.0
-    horizon: int = 20
+    noise: float = 0.5
+    explore: float = 0.5
+    horizon: int = 60
     gamma: float = 0.99
-    truth_starts: int = 1024
-    fqe_features: int = 100
-    fqe_lengthscale: float = 1.0
-    linear_weights: tuple[float, ...] = (0.0, 0.3, 1.0, 3.0, 10.0)
-    mlp_weights: tuple[float, ...] = (0.0, 1.0, 3.0)
+    cubic: float = 1.0
+    control_cubic: float = 0.0
+    truth_starts: int = 512
+    fqe_features: int = 60
+    fqe_lengthscale: float = 0.5
+    linear_weights: tuple[float, ...] = (0.0, 0.3, 1.0, 3.0)
     dt2_weight: float = 1.0
-    linear_steps: int = 100
+    linear_steps: int = 60
     linear_lr: float = 1e-2
-    mlp_pretrain: int = 500
-    mlp_steps: int = 150
+    mlp_pretrain: int = 300
+    mlp_steps: int = 60
     mlp_lr: float = 3e-3
     hidden: int = 32
-    n_starts: int = 32
+    n_starts: int = 8
     run_mlp: bool = True
+    run_control: bool = True
+    seed_stride: int = 1000
 
     def __post_init__(self):
         check_horizon(self.horizon)
         check_gamma(self.gamma)
         check_weights(self.linear_weights)
-        check_weights(self.mlp_weights)
         check_weights([self.dt2_weight])
+        check_cubic(self.cubic)
+        check_cubic(self.control_cubic)
         for name in ("replicates", "n_train", "n_unseen", "n_behaviour", "episodes", "steps",
-                     "heldout_episodes", "truth_starts", "fqe_features", "n_starts"):
+                     "heldout_episodes", "truth_starts", "fqe_features", "n_starts",
+                     "seed_stride"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.seed_stride < self.replicates:
+            raise ValueError("seed_stride must be at least the number of replicates, so that "
+                             "the replicates of different seeds are disjoint")
         if self.n_train < 2 or self.n_unseen < 2:
             raise ValueError("rankings need at least two training and two unseen policies")
         if 0.0 not in self.linear_weights or self.dt2_weight not in self.linear_weights:
             raise ValueError("linear_weights must contain 0 (the MSE twin) and dt2_weight")
-        if self.run_mlp and (0.0 not in self.mlp_weights
-                             or self.dt2_weight not in self.mlp_weights):
-            raise ValueError("mlp_weights must contain 0 (the MSE twin) and dt2_weight")
 
 
 @dataclass
@@ -100,15 +109,24 @@ class Replicate:
     fqe_unseen: torch.Tensor
 
 
-def make_replicate(seed: int, config: Config) -> Replicate:
-    """Draw the controllers and the offline data of one replicate and evaluate the policies."""
+def make_replicate(seed: int, config: Config, cubic: float | None = None) -> Replicate:
+    """Draw the controllers and the offline data of one replicate and evaluate the policies.
+
+    ``cubic`` (default ``config.cubic``) is the true system's actuator; the controllers, the
+    behaviour controllers and the start states depend on ``seed`` only, so the control replicate
+    (``cubic = config.control_cubic``) of a seed has the same controllers as its main replicate.
+    """
+    cubic = config.cubic if cubic is None else check_cubic(cubic)
     rng = np.random.default_rng(seed)
     train, unseen = sample_gains(config.n_train, rng), sample_gains(config.n_unseen, rng)
     behaviour = sample_gains(config.n_behaviour, rng)
-    data = collect_offline(behaviour, config.episodes, config.steps, config.noise, rng)
-    heldout = collect_offline(behaviour, config.heldout_episodes, config.steps, config.noise, rng)
+    data = collect_offline(behaviour, config.episodes, config.steps, config.noise, rng, cubic,
+                           config.explore)
+    heldout = collect_offline(behaviour, config.heldout_episodes, config.steps, config.noise,
+                              rng, cubic, config.explore)
     mc_starts = reset_states(config.truth_starts, rng)
-    truth = true_values(torch.cat([train, unseen]), mc_starts, config.horizon, config.gamma)
+    truth = true_values(torch.cat([train, unseen]), mc_starts, config.horizon, config.gamma,
+                        cubic)
     fqe = fitted_q_evaluation(data, torch.cat([train, unseen]), config.horizon, config.gamma,
                               n_features=config.fqe_features,
                               lengthscale=config.fqe_lengthscale, rng=rng)
@@ -118,18 +136,21 @@ def make_replicate(seed: int, config: Config) -> Replicate:
 
 @dataclass(frozen=True)
 class Variant:
-    """A twin class with ranking weight ``weight`` and ``labels`` ``"fqe"`` or ``"true"``."""
+    """A twin class with ranking weight ``weight``, ``labels`` ``"fqe"`` or ``"true"``, trained on
+    the main system (``setting="main"``, cubic actuator) or on the control (``"control"``)."""
 
     twin: str
     weight: float
     labels: str = "fqe"
+    setting: str = "main"
 
     @property
     def name(self) -> str:
+        where = " (control)" if self.setting == "control" else ""
         if self.weight == 0:
-            return f"{self.twin} MSE"
+            return f"{self.twin} MSE{where}"
         tag = "oracle DT²" if self.labels == "true" else "DT²"
-        return f"{self.twin} {tag} λ={self.weight:g}"
+        return f"{self.twin} {tag} λ={self.weight:g}{where}"
 
 
 @dataclass
@@ -138,28 +159,37 @@ class Study:
 
     config: Config
     replicates: list[Replicate]
+    control: list[Replicate] = field(default_factory=list)
     metrics: dict[Variant, dict[str, np.ndarray]] = field(default_factory=dict)
     values: dict[Variant, dict[str, np.ndarray]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     logs: dict = field(default_factory=dict)
 
-    def metric(self, twin: str, weight: float, name: str, labels: str = "fqe") -> np.ndarray:
-        return self.metrics[Variant(twin, float(weight), labels)][name]
+    def metric(self, twin: str, weight: float, name: str, labels: str = "fqe",
+               setting: str = "main") -> np.ndarray:
+        return self.metrics[Variant(twin, float(weight), labels, setting)][name]
 
-    def proxy_metrics(self) -> dict[str, np.ndarray]:
+    def proxy_metrics(self, setting: str = "main") -> dict[str, np.ndarray]:
         """Decision metrics of FQE itself (the proxy labels) on unseen and training policies."""
+        reps = self.replicates if setting == "main" else self.control
         out = {}
         for split in ("train", "unseen"):
-            out[f"kendall_{split}"] = np.array(
-                [kendall_tau(getattr(r, f"fqe_{split}"), getattr(r, f"true_{split}"))
-                 for r in self.replicates])
-            out[f"regret_{split}"] = np.array(
-                [decision_regret(getattr(r, f"fqe_{split}"), getattr(r, f"true_{split}"))
-                 for r in self.replicates])
-            out[f"pairacc_{split}"] = np.array(
-                [pairwise_accuracy(getattr(r, f"fqe_{split}"), getattr(r, f"true_{split}"))
-                 for r in self.replicates])
+            pairs = [(getattr(r, f"fqe_{split}").numpy(), getattr(r, f"true_{split}").numpy())
+                     for r in reps]
+            for name, value in _decision_metrics(pairs).items():
+                out[f"{name}_{split}"] = value
         return out
+
+
+def _decision_metrics(pairs) -> dict[str, np.ndarray]:
+    """Regret, normalised regret (regret over the range of true values), pairwise accuracy and
+    Kendall's tau of each ``(predicted, true)`` pair of value vectors."""
+    pairs = list(pairs)
+    regret = np.array([decision_regret(p, t) for p, t in pairs])
+    spread = np.array([t.max() - t.min() for _, t in pairs])
+    return {"regret": regret, "nregret": regret / np.maximum(spread, 1e-12),
+            "pairacc": np.array([pairwise_accuracy(p, t) for p, t in pairs]),
+            "kendall": np.array([kendall_tau(p, t) for p, t in pairs])}
 
 
 def _stack(reps: list[Replicate], variants: int, attr: str, name: str) -> torch.Tensor:
@@ -177,10 +207,17 @@ def _transitions(reps: list[Replicate], V: int, attr: str = "data"):
     return tuple(_stack(reps, V, attr, name) for name in ("states", "actions", "next_states"))
 
 
+def _replicates_of(study: Study, variants: list[Variant]) -> list[Replicate]:
+    settings = {v.setting for v in variants}
+    if len(settings) != 1:
+        raise ValueError("the variants of one batched twin must share one setting")
+    return study.replicates if settings.pop() == "main" else study.control
+
+
 def evaluate(study: Study, twin: BatchedTwin, variants: list[Variant]) -> None:
     """Decision metrics and held-out one-step error of every model of ``twin`` (models ordered
     replicate-major, variant-minor) against the true values."""
-    reps, config = study.replicates, study.config
+    reps, config = _replicates_of(study, variants), study.config
     V = len(variants)
     starts = _stack(reps, V, "data", "starts")
     with torch.no_grad():
@@ -196,12 +233,8 @@ def evaluate(study: Study, twin: BatchedTwin, variants: list[Variant]) -> None:
             pred = est[split][rows]
             true = np.stack([getattr(rep, f"true_{split}").numpy() for rep in reps])
             values[split] = pred
-            metrics[f"regret_{split}"] = np.array(
-                [decision_regret(p, t) for p, t in zip(pred, true, strict=True)])
-            metrics[f"pairacc_{split}"] = np.array(
-                [pairwise_accuracy(p, t) for p, t in zip(pred, true, strict=True)])
-            metrics[f"kendall_{split}"] = np.array(
-                [kendall_tau(p, t) for p, t in zip(pred, true, strict=True)])
+            for name, value in _decision_metrics(zip(pred, true, strict=True)).items():
+                metrics[f"{name}_{split}"] = value
         study.metrics[variant] = metrics
         study.values[variant] = values
 
@@ -210,7 +243,7 @@ def train_variants(study: Study, twin: BatchedTwin, variants: list[Variant], ste
                    generator: torch.Generator, lr: float = 3e-3):
     """Train every model of ``twin`` with its variant's ranking weight and labels (Eq.
     ``eq-dt2-loss``); each replicate ranks its own training policies."""
-    reps, config = study.replicates, study.config
+    reps, config = _replicates_of(study, variants), study.config
     V = len(variants)
     weights = torch.tensor([v.weight for v in variants] * len(reps))
     reference = torch.stack([rep.true_train if v.labels == "true" else rep.fqe_train
@@ -229,38 +262,57 @@ def _expand(twin: MLPTwin, V: int) -> None:
     twin.n_models *= V
 
 
+def _linear(study: Study, variants: list[Variant], generator: torch.Generator):
+    reps, config = _replicates_of(study, variants), study.config
+    twin = LinearTwin(len(reps) * len(variants), _delta_scale(reps))
+    twin.fit_least_squares(*_transitions(reps, len(variants)))
+    log = train_variants(study, twin, variants, config.linear_steps, generator, config.linear_lr)
+    evaluate(study, twin, variants)
+    return log
+
+
+def replicate_seeds(seed: int, config: Config) -> list[int]:
+    """Seeds of the replicates of outer seed ``seed``: ``seed_stride * seed + r``, so that the
+    replicates of different outer seeds never overlap."""
+    return [config.seed_stride * int(seed) + r for r in range(config.replicates)]
+
+
 def run_study(seed: int, config: Config | None = None) -> Study:
     """The whole experiment for one outer seed (see the module docstring).
 
-    Replicate ``r`` uses seed ``1000 seed + r``. Linear twins start from the least-squares MSE
-    minimiser; MLP twins from one MSE-pretrained network per replicate. Every variant of a twin
-    class then gets the same number of Adam steps on its own loss (``lambda = 0``: the
-    conventional twin), so the budgets match.
+    Linear twins start from the least-squares MSE minimiser; MLP twins from one MSE-pretrained
+    network per replicate. Every variant of a twin class then gets the same number of Adam steps
+    on its own loss (``lambda = 0``: the conventional twin), so the budgets match.
     """
     import time
 
     config = Config() if config is None else config
     generator = torch.Generator().manual_seed(int(seed))
     start = time.perf_counter()
-    reps = [make_replicate(1000 * int(seed) + r, config) for r in range(config.replicates)]
-    study = Study(config, reps)
+    seeds = replicate_seeds(seed, config)
+    reps = [make_replicate(s, config) for s in seeds]
+    control = ([make_replicate(s, config, config.control_cubic) for s in seeds]
+               if config.run_control else [])
+    study = Study(config, reps, control)
     study.seconds["data, truth and FQE"] = time.perf_counter() - start
-    scale = _delta_scale(reps)
 
     start = time.perf_counter()
     linear = [Variant("linear", float(w)) for w in config.linear_weights]
     linear.append(Variant("linear", float(config.dt2_weight), "true"))
-    twin = LinearTwin(len(reps) * len(linear), scale)
-    twin.fit_least_squares(*_transitions(reps, len(linear)))
-    study.logs = {"linear": train_variants(study, twin, linear, config.linear_steps, generator,
-                                          config.linear_lr)}
-    evaluate(study, twin, linear)
+    study.logs = {"linear": _linear(study, linear, generator)}
     study.seconds["linear twins"] = time.perf_counter() - start
+    if config.run_control:
+        start = time.perf_counter()
+        variants = [Variant("linear", 0.0, setting="control"),
+                    Variant("linear", float(config.dt2_weight), setting="control"),
+                    Variant("linear", float(config.dt2_weight), "true", setting="control")]
+        study.logs["control"] = _linear(study, variants, generator)
+        study.seconds["control twins"] = time.perf_counter() - start
 
     if config.run_mlp:
         start = time.perf_counter()
-        mlp = [Variant("MLP", float(w)) for w in config.mlp_weights]
-        twin = MLPTwin(len(reps), scale, config.hidden, generator=generator)
+        mlp = [Variant("MLP", w) for w in sorted({0.0, float(config.dt2_weight)})]
+        twin = MLPTwin(len(reps), _delta_scale(reps), config.hidden, generator=generator)
         train_variants(study, twin, [Variant("MLP", 0.0)], config.mlp_pretrain, generator,
                        config.mlp_lr)
         _expand(twin, len(mlp))
@@ -272,4 +324,4 @@ def run_study(seed: int, config: Config | None = None) -> Study:
 
 
 __all__ = ["Config", "Replicate", "Study", "Variant", "evaluate", "make_replicate", "replace",
-           "run_study", "train_variants"]
+           "replicate_seeds", "run_study", "train_variants"]

@@ -53,8 +53,10 @@ class BatchedTwin(nn.Module):
 
 
 class LinearTwin(BatchedTwin):
-    """Limited capacity: the state change is linear in ``(theta, theta_dot, u, 1)``, with the angle
-    wrapped into ``[-pi, pi)``. Gravity ``sin(theta)`` is outside the class. 8 parameters."""
+    """Limited capacity: the state change is linear in ``(sin theta, theta_dot, u, 1)``, 8
+    parameters. Gravity is inside the class (gymnasium's pendulum, ``cubic = 0``, is one of its
+    members up to the speed clip); the cubic actuator of Eq. ``eq-dt2-actuator`` is not, because
+    the twin is linear in the torque ``u``."""
 
     def __init__(self, n_models: int, delta_scale: torch.Tensor):
         super().__init__(n_models, delta_scale)
@@ -63,7 +65,7 @@ class LinearTwin(BatchedTwin):
     @staticmethod
     def features(state: torch.Tensor, torque: torch.Tensor) -> torch.Tensor:
         theta, theta_dot = state[..., 0], state[..., 1]
-        return torch.stack([theta / math.pi, theta_dot / MAX_SPEED, torque / MAX_TORQUE,
+        return torch.stack([torch.sin(theta), theta_dot / MAX_SPEED, torque / MAX_TORQUE,
                             torch.ones_like(theta)], dim=-1)
 
     def scaled_delta(self, state, torque):
