@@ -234,3 +234,100 @@ def test_cem_and_waypoints_reject_small_budgets(data):
         lts.optimise_waypoints(scenario, 7, gen)
     with pytest.raises(TypeError, match="integer"):
         lts.beam_width_for(1000.5, 6, 200)
+
+
+@pytest.fixture(scope="module")
+def joint(tokenizer, data):
+    positions, speed, _ = data
+    return lts.JointPrior(tokenizer, positions[:1500], speed[:1500])
+
+
+def test_joint_prior_conditional_matches_brute_force_counts(joint, tokenizer, data):
+    positions, speed, _ = data
+    with torch.no_grad():
+        raw = tokenizer.fsq.codes_to_indices(tokenizer.encode(positions[:1500], speed[:1500]))
+    raw = raw.numpy()
+    prefix = raw[:3, :2]
+    probs = joint.conditional(prefix)
+    for row, p in zip(prefix, probs, strict=True):
+        match = raw[(raw[:, :2] == row).all(1)]
+        counts = np.bincount(match[:, 2], minlength=joint.size)
+        expected = (counts + joint.marginal[2]) / (len(match) + 1.0)
+        assert np.allclose(p, expected)
+        assert p.sum() == pytest.approx(1.0)
+    # the chain of conditionals gives the log-probability of a full tuple
+    tup = raw[:2]
+    chain = sum(np.log(joint.conditional(tup[:, :k])[np.arange(2), tup[:, k]])
+                for k in range(1, tokenizer.n_tokens))
+    first = np.log((np.bincount(raw[:, 0], minlength=joint.size)[tup[:, 0]]
+                    + joint.marginal[0, tup[:, 0]]) / (len(raw) + 1.0))
+    assert np.allclose(joint.log_prob(tup), chain + first)
+
+
+def test_joint_prior_completion_keeps_prefix_and_reversed_order(joint, tokenizer, data):
+    positions, speed, _ = data
+    rng = np.random.default_rng(0)
+    prefixes = joint.tuples[[0, 10, 100], :3]
+    full = joint.complete(prefixes, rng)
+    assert np.array_equal(full[:, :3], prefixes)
+    rows = {tuple(r) for r in joint.tuples}
+    assert all(tuple(r) in rows for r in full)  # completed from tuples that share the prefix
+    rev = lts.JointPrior(tokenizer, positions[:1500], speed[:1500], order=[5, 4, 3, 2, 1, 0])
+    assert np.array_equal(rev.to_positions(rev.tuples[:, ::-1][:, ::-1]),
+                          rev.to_positions(rev.tuples))
+    assert np.array_equal(np.sort(rev.to_positions(rev.tuples), 0), np.sort(joint.tuples, 0))
+    with pytest.raises(ValueError, match="permutation"):
+        lts.JointPrior(tokenizer, positions[:10], speed[:10], order=[0, 0, 1, 2, 3, 4])
+
+
+def test_decode_known_agrees_with_prefix_decode(tokenizer, data):
+    positions, speed, _ = data
+    with torch.no_grad():
+        idx = tokenizer.fsq.codes_to_indices(tokenizer.encode(positions[:10], speed[:10]))
+        known = torch.zeros_like(idx, dtype=torch.bool)
+        known[:, :3] = True
+        a = tokenizer.decode_known(idx, known, speed[:10])
+        b = tokenizer.decode_indices(idx[:, :3], speed[:10])
+    assert torch.allclose(a, b, atol=1e-5)
+    with pytest.raises(ValueError, match="shape"):
+        tokenizer.decode_known(idx[:, :3], known[:, :3], speed[:10])
+
+
+@pytest.mark.parametrize("score", ["mask", "complete"])
+def test_token_beam_spends_its_cost_and_width_one_is_greedy(tokenizer, joint, score):
+    scenario = lts.make_scenarios(1, np.random.default_rng(9))[0]
+
+    def cost_fn(p):
+        return lts.task_cost(p, scenario)
+
+    plan = lts.token_beam(tokenizer, scenario.speed, cost_fn, joint, 3, 5, score=score,
+                          rng=np.random.default_rng(0))
+    assert plan.evaluations == lts.topm_cost(6, 5, 3) == plan.trace[-1][0]
+    assert plan.cost == pytest.approx(plan.trace[-1][1], rel=1e-5)
+    if score == "mask":  # brute force: width 1 keeps the best of the top-M at each step
+        greedy = lts.token_beam(tokenizer, scenario.speed, cost_fn, joint, 1, 4)
+        prefix = np.zeros((1, 0), np.int64)
+        with torch.no_grad():
+            for _ in range(6):
+                top = np.argsort(-joint.conditional(prefix)[0], kind="stable")[:4]
+                costs = [float(cost_fn(tokenizer.decode_indices(
+                    torch.tensor(np.append(prefix[0], c))[None], scenario.speed))[0])
+                    for c in top]
+                prefix = np.append(prefix[0], top[int(np.argmin(costs))])[None]
+        assert greedy.cost == pytest.approx(min(costs), rel=1e-5)
+    with pytest.raises(ValueError, match="rng"):
+        lts.token_beam(tokenizer, scenario.speed, cost_fn, joint, 1, 4, score="complete")
+    with pytest.raises(ValueError, match="width-1"):
+        lts.topm_width_for(20, 6, 4)
+
+
+def test_cut_in_cost_and_success():
+    c = lts.CutIn(ego_speed=10.0, start=(0.0, lts.LANE), speed=10.0)
+    t = torch.arange(1, lts.HORIZON + 1) * lts.DT
+    straight = torch.stack([10 * t, torch.zeros_like(t)], -1)[None]  # stays in its own lane
+    goal = ((c.gap) ** 2 + lts.LANE**2) / lts.GOAL_SCALE**2
+    assert float(c.cost(straight)) == pytest.approx(goal, rel=1e-4)
+    assert not bool(c.success(straight)[0])
+    # ending exactly at the target in the ego's lane, never closer than the radius
+    ahead = torch.stack([10 * t + c.gap * t / t[-1], -lts.LANE * t / t[-1]], -1)[None]
+    assert bool(c.success(ahead)[0])
