@@ -273,3 +273,107 @@ def test_relative_sensitivities_sum_to_one_at_the_most_aggressive_options():
     assert rel["0.qkv", "w4a4"] + rel["0.attn_ar", "c4"] == pytest.approx(1.0)
     with pytest.raises(ValueError):
         cq.additivity_ratio(0.1, 0.0)
+
+
+# --- the float16 scale clamp, calibration sets, baselines, the aligned ablation -----------------
+
+
+@pytest.mark.parametrize("amax", [1e-9, 1e-7, 5e-6, 1e-3])
+def test_float16_scale_never_underflows(amax):
+    x = torch.linspace(-amax, amax, 16, dtype=torch.float64).reshape(2, 8)
+    for bits, precision in ((8, "c8"), (4, "c4")):
+        codes, scale = cq.quantise_rows(x, bits, scale_dtype=torch.float16)
+        assert torch.isfinite(scale).all() and (scale > 0).all()
+        assert codes.abs().max() <= 2 ** (bits - 1) - 1
+        decoded = cq.decode_partial(cq.encode_partial(x, precision), 2, 8, precision)
+        assert torch.isfinite(decoded).all()
+        assert ((decoded - x).abs() <= scale / 2 + 1e-15).all()
+    if amax < 1e-8:  # without the clamp this row's scale would round to zero in float16
+        assert torch.tensor(amax / 127).half().item() == 0.0
+
+
+def test_quantiser_rejects_non_finite_input():
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        cq.quantise_rows(torch.tensor([[1.0, float("nan")]]), 8)
+
+
+def test_expected_loss_matches_sampled_loss_on_average(model):
+    from icml26.language import zipf_markov_source
+
+    source = zipf_markov_source(vocab_size=16, order=2, exponent=1.0, temperature=0.5,
+                                spread=0.5, seed=3)
+    windows = torch.as_tensor(source.sample(600, 9, seed=4))
+    config = cq.uniform_config(2)
+    sampled = cq.window_nll(model, windows, config, 2, 2)
+    expected = cq.window_nll(model, windows, config, 2, 2, source=source)
+    assert sampled.shape == expected.shape == (600,)
+    assert np.allclose(sampled, cq.batch_nll(model, windows, config, 600, 2, 2))
+    gap = sampled - expected
+    assert abs(gap.mean()) < 4 * gap.std(ddof=1) / np.sqrt(gap.size)
+    assert expected.std() < sampled.std()  # no target-sampling noise
+    # by hand for one window: the context of the target after position t is (x_{t-1}, x_t)
+    w = windows[:1]
+    logp = cq.simulate_logits(model, w[:, :-1], config, 2)[0, 1:].log_softmax(-1)
+    rows = torch.as_tensor(source.transition)[[int(w[0, t - 1]) * 16 + int(w[0, t])
+                                               for t in range(1, 8)]]
+    assert expected[0] == pytest.approx(float(-(rows * logp).sum(-1).mean()), abs=1e-12)
+    with pytest.raises(ValueError, match="min_context"):
+        cq.window_nll(model, windows, config, 2, 1, source=source)
+
+
+def test_calibrate_sets_splits_one_run_per_configuration(model, tokens):
+    windows = torch.randint(0, 16, (6, 9), generator=torch.Generator().manual_seed(5))
+    sens, errors = cq.calibrate_sets(model, [windows[:4], windows[4:]], 2, 0)
+    whole = cq.calibrate(model, windows[:4], 2, 0)
+    assert set(sens[0]) == set(whole) and len(sens) == len(errors) == 2
+    for key, value in whole.items():
+        assert sens[0][key] == pytest.approx(value, abs=1e-10)
+        assert errors[0][key] >= 0
+    floored = cq.floored(sens[0], errors[0])
+    assert all(floored[k] >= max(sens[0][k], 0) for k in floored)
+    with pytest.raises(ValueError):
+        cq.calibrate_sets(model, [windows[:1]], 2, 0)
+
+
+def test_equal_sensitivities_average_over_sites_of_a_kind():
+    sens = {("0.qkv", "w8a8"): 0.1, ("1.qkv", "w8a8"): 0.3, ("0.attn_ar", "c4"): 0.2,
+            ("0.mlp_ar", "c4"): 0.0}
+    blind = cq.equal_sensitivities(sens)
+    assert blind["0.qkv", "w8a8"] == blind["1.qkv", "w8a8"] == pytest.approx(0.2)
+    assert blind["0.attn_ar", "c4"] == blind["0.mlp_ar", "c4"] == pytest.approx(0.1)
+    jittered = cq.equal_sensitivities(sens, np.random.default_rng(0))
+    assert jittered["0.qkv", "w8a8"] != jittered["1.qkv", "w8a8"]
+    assert jittered["0.qkv", "w8a8"] == pytest.approx(0.2, rel=1e-8)
+
+
+def test_random_allocations_stay_within_the_latency_window():
+    problem = random_problem(2, SMALL)
+    fastest = cq.solve(problem, budget=np.inf).latency
+    slowest = problem.latency_of({s: problem.options[s][0] for s in problem.sites})
+    cap = 0.5 * (fastest + slowest)
+    draws = cq.random_allocations(problem, cap, 50, np.random.default_rng(1), slack=0.1)
+    assert all(0.9 * cap <= d.latency <= cap * (1 + 1e-12) for d in draws)
+    assert len({tuple(d.config.values()) for d in draws}) > 1
+    with pytest.raises(ValueError, match="no configuration"):
+        cq.random_allocations(problem, 0.5 * fastest, 1, np.random.default_rng(1))
+    with pytest.raises(TypeError):
+        cq.random_allocations(problem, cap, 1, rng=1)
+
+
+def test_without_the_rewrite_every_quantised_message_pays_conversion():
+    shape = cq.Deployment(tokens=1024, d_model=1024, d_mlp=4096, n_heads=8, world_size=2)
+    hw = cq.PCIE_A100
+    assert cq.conversion_time(shape, "c8", "w8a8", hw, aligned=False) > 0
+    assert cq.conversion_time(shape, "c16", "w8a8", hw, aligned=False) == 0
+    with pytest.raises(TypeError):
+        cq.conversion_time(shape, "c8", "w8a8", hw, aligned=1)
+    config = cq.uniform_config(2, "w8a8", "c8")
+    assert cq.predicted_latency(config, shape, hw, aligned=False) > cq.predicted_latency(
+        config, shape, hw)
+    sens = {("0.qkv", "w8a8"): 0.01}
+    with_rewrite = cq.build_problem(sens, shape, hw)
+    without = cq.build_problem(sens, shape, hw, aligned=False)
+    assert without.latency_of(config) == pytest.approx(
+        cq.predicted_latency(config, shape, hw, aligned=False))
+    assert with_rewrite.latency_of(config) == pytest.approx(cq.predicted_latency(config, shape, hw))
+    assert cq.solve(without, budget=1.0).latency >= cq.solve(with_rewrite, budget=1.0).latency

@@ -27,9 +27,13 @@ from icml26.cocoquant.cost import (
 from icml26.cocoquant.experiment import (
     additivity_ratio,
     calibrate,
+    calibrate_sets,
+    equal_sensitivities,
+    floored,
     perplexity_gap,
     reference_config,
     relative,
+    window_nll,
 )
 from icml26.cocoquant.ilp import (
     Allocation,
@@ -39,6 +43,7 @@ from icml26.cocoquant.ilp import (
     build_problem,
     full_config,
     pareto_front,
+    random_allocations,
     solve,
     solve_pulp,
 )
@@ -92,6 +97,7 @@ __all__ = [
     "brute_force",
     "build_problem",
     "calibrate",
+    "calibrate_sets",
     "check_config",
     "check_world_size",
     "comm_bits",
@@ -102,8 +108,10 @@ __all__ = [
     "decode_partial",
     "decode_sum",
     "encode_partial",
+    "equal_sensitivities",
     "fake_quantise",
     "fixed_time",
+    "floored",
     "full_config",
     "gemm_bits",
     "gemm_shape",
@@ -115,6 +123,7 @@ __all__ = [
     "perplexity_gap",
     "predicted_latency",
     "quantise_rows",
+    "random_allocations",
     "reference_config",
     "relative",
     "run_tensor_parallel",
@@ -129,5 +138,6 @@ __all__ = [
     "tp_forward",
     "uniform_config",
     "unpack_int4",
+    "window_nll",
     "windows_of",
 ]

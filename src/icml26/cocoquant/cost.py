@@ -146,16 +146,20 @@ def comm_time(shape: Deployment, precision: str, hw: HardwareProfile) -> float:
 
 
 def conversion_time(shape: Deployment, comm_precision: str, consumer_precision: str | None,
-                    hw: HardwareProfile) -> float:
+                    hw: HardwareProfile, aligned: bool = True) -> float:
     """Extra time of a quantised all-reduce that is not precision-aligned ({eq}`eq-ccq-align`).
 
-    Zero for float16 communication and when the communicated bits equal the consumer GEMM's
-    activation bits; otherwise one quantise kernel (reads the float16 partial, writes the payload)
-    and one dequantise-sum kernel (reads ``p`` payloads, writes float16).
+    Zero for float16 communication and, with the precision-aligned rewrite (``aligned=True``),
+    when the communicated bits equal the consumer GEMM's activation bits; otherwise one quantise
+    kernel (reads the float16 partial, writes the payload) and one dequantise-sum kernel (reads
+    ``p`` payloads, writes float16). ``aligned=False`` is the ablation without the rewrite: every
+    quantised message pays both kernels.
     """
+    if not isinstance(aligned, bool):
+        raise TypeError(f"aligned must be a bool, got {type(aligned).__name__}")
     bits = comm_bits(comm_precision)
     consumer_bits = 16 if consumer_precision is None else gemm_bits(consumer_precision)[1]
-    if bits == 16 or bits == consumer_bits:
+    if bits == 16 or (aligned and bits == consumer_bits):
         return 0.0
     T, h, p = shape.tokens, shape.d_model, shape.world_size
     payload = T * h * bits / 8 + T * SCALE_BYTES
@@ -177,7 +181,8 @@ def site_time(site: str, precision: str, shape: Deployment, hw: HardwareProfile)
     return comm_time(shape, precision, hw)
 
 
-def predicted_latency(config: dict[str, str], shape: Deployment, hw: HardwareProfile) -> float:
+def predicted_latency(config: dict[str, str], shape: Deployment, hw: HardwareProfile,
+                      aligned: bool = True) -> float:
     """End-to-end predicted time of one forward pass of the sharded layers."""
     total = fixed_time(shape, hw)
     for site in site_names(shape.n_layers):
@@ -185,12 +190,12 @@ def predicted_latency(config: dict[str, str], shape: Deployment, hw: HardwarePro
         if site_kind(site) == "comm":
             nxt = consumer(site, shape.n_layers)
             total += conversion_time(shape, config[site], None if nxt is None else config[nxt],
-                                     hw)
+                                     hw, aligned)
     return total
 
 
-def latency_breakdown(config: dict[str, str], shape: Deployment,
-                      hw: HardwareProfile) -> dict[str, float]:
+def latency_breakdown(config: dict[str, str], shape: Deployment, hw: HardwareProfile,
+                      aligned: bool = True) -> dict[str, float]:
     """Predicted seconds spent in GEMMs, collectives, conversions and fixed work."""
     parts = {"GEMM": 0.0, "communication": 0.0, "conversion": 0.0,
              "attention core": fixed_time(shape, hw)}
@@ -201,5 +206,6 @@ def latency_breakdown(config: dict[str, str], shape: Deployment,
             parts["communication"] += site_time(site, config[site], shape, hw)
             nxt = consumer(site, shape.n_layers)
             parts["conversion"] += conversion_time(shape, config[site],
-                                                   None if nxt is None else config[nxt], hw)
+                                                   None if nxt is None else config[nxt], hw,
+                                                   aligned)
     return parts

@@ -29,6 +29,7 @@ from icml26.cocoquant.cost import (
     site_time,
 )
 from icml26.cocoquant.tp import consumer, site_kind, site_names, site_options
+from icml26.core import check_count
 
 
 @dataclass
@@ -67,12 +68,15 @@ class AllocationProblem:
 
 
 def build_problem(sensitivity: dict[tuple[str, str], float], shape: Deployment,
-                  hw: HardwareProfile, sites: list[str] | None = None) -> AllocationProblem:
+                  hw: HardwareProfile, sites: list[str] | None = None,
+                  aligned: bool = True) -> AllocationProblem:
     """The allocation problem of a model with ``shape.n_layers`` layers on hardware ``hw``.
 
     ``sensitivity[(site, option)]`` is the calibrated cost of running ``site`` at ``option``
     alone (missing entries, such as the reference options, count as 0). ``sites`` restricts the
-    decision to a subset; the others stay at their reference precision.
+    decision to a subset; the others stay at their reference precision. ``aligned=False`` prices
+    every quantised message as if the precision-aligned rewrite were not available
+    ({eq}`eq-ccq-align`, the ablation).
     """
     every = site_names(shape.n_layers)
     sites = every if sites is None else list(sites)
@@ -95,14 +99,14 @@ def build_problem(sensitivity: dict[tuple[str, str], float], shape: Deployment,
         if g is None or g not in sites:
             g_option = None if g is None else options[g][0]
             latency[k] = latency[k] + np.array(
-                [conversion_time(shape, c, g_option, hw) for c in options[k]])
+                [conversion_time(shape, c, g_option, hw, aligned) for c in options[k]])
             continue
         if k not in sites:
             latency[g] = latency[g] + np.array(
-                [conversion_time(shape, options[k][0], a, hw) for a in options[g]])
+                [conversion_time(shape, options[k][0], a, hw, aligned) for a in options[g]])
             continue
         pairs[k] = g
-        pair_cost[k] = np.array([[conversion_time(shape, c, a, hw) for a in options[g]]
+        pair_cost[k] = np.array([[conversion_time(shape, c, a, hw, aligned) for a in options[g]]
                                  for c in options[k]])
     for s in every:
         if s not in sites:
@@ -251,10 +255,8 @@ def solve_pulp(problem: AllocationProblem, budget: float | None = None,
     return _finish(problem, _decode(problem, x_index, values), "pulp.cbc")
 
 
-def brute_force(problem: AllocationProblem, budget: float | None = None,
-                latency_cap: float | None = None, max_configs: int = 10_000_000) -> Allocation:
-    """Enumerate every configuration (vectorised); for checking the solvers."""
-    _check_mode(budget, latency_cap)
+def _enumerate(problem: AllocationProblem, max_configs: int):
+    """Latency and summed sensitivity of every configuration, as arrays over the option grid."""
     sizes = [len(problem.options[s]) for s in problem.sites]
     count = int(np.prod(sizes))
     if count > max_configs:
@@ -278,6 +280,19 @@ def brute_force(problem: AllocationProblem, budget: float | None = None,
         if axis[k] > axis[g]:
             table = table.T
         latency = latency + along(table, *sorted((axis[k], axis[g])))
+    return latency, sens, sizes
+
+
+def _config_at(problem: AllocationProblem, flat: int, sizes) -> dict[str, str]:
+    index = np.unravel_index(flat, sizes)
+    return {s: problem.options[s][i] for s, i in zip(problem.sites, index, strict=True)}
+
+
+def brute_force(problem: AllocationProblem, budget: float | None = None,
+                latency_cap: float | None = None, max_configs: int = 10_000_000) -> Allocation:
+    """Enumerate every configuration (vectorised); for checking the solvers."""
+    _check_mode(budget, latency_cap)
+    latency, sens, sizes = _enumerate(problem, max_configs)
     if budget is not None:
         score = np.where(sens <= budget + 1e-12, latency, np.inf)
     else:
@@ -287,9 +302,27 @@ def brute_force(problem: AllocationProblem, budget: float | None = None,
     best = score.min()
     ties = np.flatnonzero(score.ravel() <= best + 1e-15 * max(1.0, abs(best)))
     flat = ties[np.argmin(latency.ravel()[ties])] if latency_cap is not None else ties[0]
-    index = np.unravel_index(flat, sizes)
-    config = {s: problem.options[s][i] for s, i in zip(problem.sites, index, strict=True)}
-    return _finish(problem, config, "brute force")
+    return _finish(problem, _config_at(problem, flat, sizes), "brute force")
+
+
+def random_allocations(problem: AllocationProblem, latency_cap: float, count: int,
+                       rng: np.random.Generator, slack: float = 0.05,
+                       max_configs: int = 10_000_000) -> list[Allocation]:
+    """``count`` configurations drawn uniformly from those with latency in
+    ``[(1 - slack) * latency_cap, latency_cap]``: random allocations that use the same time
+    budget as an optimised one, blind to every sensitivity (the baseline of the claims)."""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy Generator, got {type(rng).__name__}")
+    if not 0 < slack < 1:
+        raise ValueError(f"slack must lie in (0, 1), got {slack}")
+    latency, _, sizes = _enumerate(problem, max_configs)
+    window = np.flatnonzero((latency.ravel() <= latency_cap * (1 + 1e-12))
+                            & (latency.ravel() >= (1 - slack) * latency_cap))
+    if window.size == 0:
+        raise ValueError(f"no configuration has a latency within {slack:.0%} below the cap "
+                         f"{latency_cap:.6g} s")
+    picks = rng.choice(window, size=check_count(count, "count", 1), replace=True)
+    return [_finish(problem, _config_at(problem, int(flat), sizes), "random") for flat in picks]
 
 
 def full_config(problem_config: dict[str, str], n_layers: int) -> dict[str, str]:

@@ -55,12 +55,20 @@ def quantise_rows(x: torch.Tensor, bits: int,
     """Integer codes (int8) and per-row scales of $x$ along its last dimension ({eq}`eq-ccq-quant`).
 
     With ``scale_dtype`` (float16 for communication) the scale is rounded to that type first, so
-    that the codes are computed with the scale the receiver will see. Rows of zeros get scale 1.
+    that the codes are computed with the scale the receiver will see. Such a scale is clamped to
+    at least the type's smallest normal number (``torch.finfo(float16).tiny``, about 6.1e-5):
+    without the clamp a row with ``max|x| < 127 * 6e-8`` gets a scale that rounds to 0 and
+    infinite or NaN codes; with it, such a row is coded as (nearly) zeros, an error of at most
+    half the clamped scale. Rows of zeros get scale 1. Non-finite inputs raise ``ValueError``.
     """
     qmax = _qmax(bits)
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        raise ValueError("cannot quantise NaN or infinite values")
     amax = x.abs().amax(dim=-1, keepdim=True)
     scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
     if scale_dtype is not None:
+        if scale_dtype.is_floating_point:
+            scale = scale.clamp_min(torch.finfo(scale_dtype).tiny)
         scale = scale.to(scale_dtype).to(x.dtype)
     codes = torch.clamp(torch.round(x / scale), -qmax, qmax).to(torch.int8)
     return codes, scale
