@@ -195,6 +195,17 @@ def test_rate_claim_mde_has_the_stated_power():
     assert rate_claim(0, 10, at_most=0.01).mde == math.inf  # ten trials can never show 1%
 
 
+def test_an_undetectable_effect_travels_as_json_null(displayed):
+    import json
+
+    claims = ClaimsCheck()
+    claims.paper("rare", rate_claim(0, 10, at_most=0.01), expect="inconclusive")
+    claims.show()
+    row = displayed[0][1][CLAIMS_METADATA_KEY]["rows"][0]
+    assert row["numbers"]["mde"] is None
+    assert json.loads(json.dumps(row, allow_nan=False)) == row
+
+
 @pytest.mark.parametrize(
     ("args", "kwargs", "error", "match"),
     [

@@ -110,6 +110,13 @@ def _check_level(level: float) -> float:
     return level
 
 
+def _json_number(value: float) -> float | None:
+    """A number as JSON can carry it: an infinite or undefined value (an effect no design of this
+    size can detect) becomes None."""
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
 def _format(value: float) -> str:
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return str(int(value))
@@ -663,7 +670,7 @@ class Row:
     def record(self) -> dict:
         """The row as plain data: what the output metadata and the ledger carry."""
         record = {"kind": self.kind, "statement": self.statement, "rule": self.evidence.rule(),
-                  "numbers": {k: float(v) for k, v in self.evidence.numbers().items()},
+                  "numbers": {k: _json_number(v) for k, v in self.evidence.numbers().items()},
                   "verdict": self.verdict, "expected": self.expect, "fragile": self.fragile,
                   "underpowered": self.underpowered, "unexpected": self.unexpected}
         if hasattr(self.evidence, "plot_interval"):

@@ -86,8 +86,10 @@ def book_counts(ledger: Mapping[str, dict]) -> dict[str, int]:
     return totals
 
 
-def _numbers(numbers: Mapping[str, float]) -> str:
-    return ", ".join(f"{key} = {value:.4g}" for key, value in numbers.items())
+def _numbers(numbers: Mapping[str, float | None]) -> str:
+    """``key = value`` pairs; None (an effect no design of this size detects) shows as "none"."""
+    return ", ".join(f"{key} = {'none' if value is None else format(value, '.4g')}"
+                     for key, value in numbers.items())
 
 
 def _cell(text: str) -> str:
