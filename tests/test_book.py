@@ -4,6 +4,7 @@ import re
 
 import nbformat
 from bs4 import BeautifulSoup
+from test_contract import THEOREM_CHAPTERS
 
 from icml26.toolchain.chapters import chapters, read_source
 from icml26.toolchain.pages import plain_caption, reader_problems
@@ -51,7 +52,8 @@ def test_ledger_gathers_every_chapters_checks(smoke_build, capsys):
     assert list(book_ledger) == [c.slug for c in chapters()]
     for slug, entry in book_ledger.items():
         counts = ledger.count_kinds(entry["rows"])
-        assert counts["paper"] >= 1, f"{slug} checks no claim of its paper"
+        if slug not in THEOREM_CHAPTERS:
+            assert counts["paper"] >= 1, f"{slug} checks no claim of its paper"
     page = (html / "book" / "appendix" / "reproduced.html").read_text(encoding="utf-8")
     first_paper = next(r for r in book_ledger[chapters()[0].slug]["rows"] if r["kind"] == "paper")
     assert first_paper["verdict"] in page
