@@ -523,8 +523,8 @@ def validate_jobs(jobs: object) -> int:
 
 def environment_fingerprint(root: Path = ROOT) -> dict[str, str]:
     """What a run depends on besides its chapter: the commit of the book at ``root``, its pins
-    (``requirements/lock.txt``), the Python version and the imported ``icml26`` source (every
-    module, by content)."""
+    (``requirements/lock.txt`` and ``nodeps.txt``), the Python version and the imported
+    ``icml26`` source (every module, by content)."""
     source = hashlib.sha256()
     for file in sorted(PACKAGE_DIR.rglob("*.py")):
         if "__pycache__" not in file.parts:
@@ -535,8 +535,9 @@ def environment_fingerprint(root: Path = ROOT) -> dict[str, str]:
                                 capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
-    lock = root / "requirements" / "lock.txt"
-    pins = lock.read_bytes() if lock.exists() else b""
+    pins = b"".join(path.read_bytes() for path in (root / "requirements" / "lock.txt",
+                                                  root / "requirements" / "nodeps.txt")
+                    if path.exists())
     return {"commit": commit or "unknown", "python": platform.python_version(),
             "pins": hashlib.sha256(pins).hexdigest(), "icml26 source hash": source.hexdigest()}
 
