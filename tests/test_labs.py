@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import nbformat
 import pytest
@@ -41,16 +42,54 @@ def test_every_exercise_has_a_check(chapter):
     assert sorted(labels) == sorted(labs.check_files(chapter.slug)), "one check file per exercise"
 
 
+def _grade(slug, exported, edition):
+    return grading.grade_submission(slug, exported[slug, edition]).exercises
+
+
+def _student_run_errors(slug, exported):
+    """The error names of the student notebook executed whole at smoke tier."""
+    chapter = next(c for c in CHAPTERS if c.slug == slug)
+    notebook = nbformat.read(exported[slug, "student"], as_version=4)
+    for cell in notebook.cells:
+        if "parameters" in cell.metadata.get("tags", []):
+            cell.source += '\nTIER = "smoke"'
+    NotebookClient(notebook, kernel_name="python3", allow_errors=True, timeout=120,
+                   resources={"metadata": {"path": str(chapter.source.parent)}}).execute()
+    return [o.ename for c in notebook.cells if c.cell_type == "code" for o in c.outputs
+            if o.output_type == "error"]
+
+
+KERNEL_RUNS = {
+    "test_instructor_notebook_passes_every_check":
+        lambda slug, exported: _grade(slug, exported, "instructor"),
+    "test_untouched_student_notebook_fails_every_check":
+        lambda slug, exported: _grade(slug, exported, "student"),
+    "test_student_notebook_runs_with_only_not_implemented_errors": _student_run_errors,
+}
+
+
+@pytest.fixture(scope="module")
+def kernel_runs(request, exported):
+    """The kernel runs the selected tests below need, two at a time (each kernel mostly uses one
+    core): ``{(slug, test name): future}``; a test reads its own result, or its error."""
+    wanted = [(item.callspec.params["chapter"].slug, item.originalname)
+              for item in request.session.items
+              if item.getparent(pytest.Module) is request.node and item.originalname in KERNEL_RUNS]
+    pool = ThreadPoolExecutor(2)
+    yield {key: pool.submit(KERNEL_RUNS[key[1]], key[0], exported) for key in wanted}
+    pool.shutdown(cancel_futures=True)
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=IDS)
-def test_instructor_notebook_passes_every_check(chapter, exported):
-    results = grading.grade_submission(chapter.slug, exported[chapter.slug, "instructor"]).exercises
+def test_instructor_notebook_passes_every_check(chapter, kernel_runs, request):
+    results = kernel_runs[chapter.slug, request.node.originalname].result()
     failed = [f"{r.exercise}: {r.message}" for r in results if not r.passed]
     assert results and not failed, failed
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=IDS)
-def test_untouched_student_notebook_fails_every_check(chapter, exported):
-    results = grading.grade_submission(chapter.slug, exported[chapter.slug, "student"]).exercises
+def test_untouched_student_notebook_fails_every_check(chapter, kernel_runs, request):
+    results = kernel_runs[chapter.slug, request.node.originalname].result()
     assert results and not any(r.passed for r in results)
     assert all("not implemented" in r.message for r in results), [r.message for r in results]
 
@@ -63,15 +102,8 @@ def test_stubs_keep_every_signature(chapter):
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=IDS)
-def test_student_notebook_runs_with_only_not_implemented_errors(chapter, exported, tmp_path):
-    notebook = nbformat.read(exported[chapter.slug, "student"], as_version=4)
-    for cell in notebook.cells:
-        if "parameters" in cell.metadata.get("tags", []):
-            cell.source += '\nTIER = "smoke"'
-    NotebookClient(notebook, kernel_name="python3", allow_errors=True, timeout=120,
-                   resources={"metadata": {"path": str(chapter.source.parent)}}).execute()
-    errors = [o.ename for c in notebook.cells if c.cell_type == "code" for o in c.outputs
-              if o.output_type == "error"]
+def test_student_notebook_runs_with_only_not_implemented_errors(chapter, kernel_runs, request):
+    errors = kernel_runs[chapter.slug, request.node.originalname].result()
     assert errors, "the untouched exercises should raise NotImplementedError"
     assert set(errors) == {"NotImplementedError"}, errors
 

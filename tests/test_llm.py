@@ -3,6 +3,7 @@
 import json
 import shutil
 import socket
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -228,7 +229,20 @@ def test_corrupted_or_partial_cache_is_detected_and_rebuilt(lm, tmp_path):
         handle.truncate(100)
     assert not llm.cache_is_valid(truncated, digest)
 
-    rebuilt = llm.load(cache_dir=tmp_path)
+    # The rebuild runs whole (staging, manifest, the rename over the corrupted copy); only the
+    # dequantisation of the GGUF, which the fresh-clone load above exercised, is answered from
+    # memory. Reading the rebuilt cache back goes through transformers as usual.
+    real = llm._quiet_transformers()
+
+    def reader(auto, dequantised):
+        return SimpleNamespace(from_pretrained=lambda *args, **kwargs: dequantised
+                               if "gguf_file" in kwargs else auto.from_pretrained(*args, **kwargs))
+
+    quick = SimpleNamespace(AutoModelForCausalLM=reader(real.AutoModelForCausalLM, lm.model),
+                            AutoTokenizer=reader(real.AutoTokenizer, lm.tokenizer))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(llm, "_quiet_transformers", lambda: quick)
+        rebuilt = llm.load(cache_dir=tmp_path)
     assert llm.cache_is_valid(copy, digest)
     assert json.loads((copy / llm.MANIFEST).read_text())["gguf_sha256"] == digest
     for a, b in zip(rebuilt.model.parameters(), lm.model.parameters(), strict=True):
