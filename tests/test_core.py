@@ -13,6 +13,7 @@ from icml26.core import (
     get_device,
     glue_number,
     glue_text,
+    glue_value,
     set_seed,
     show_source,
     tier_settings,
@@ -85,6 +86,18 @@ def test_glue_number_rejects_non_numbers():
     with pytest.raises(TypeError, match="string"):
         glue_text("name", [1, 2])
     assert glue_text("name", "1, 2") == "1, 2"
+
+
+def test_glue_value_formats_what_was_glued_as_the_glue_role_would():
+    glue_number("core_test_ratio", 0.123456)
+    assert glue_value("core_test_ratio", ".3f") == "0.123"
+    assert glue_value("core_test_ratio", ".1%") == "12.3%"
+    assert glue_value("core_test_ratio") == "0.123456"
+    glue_text("core_test_list", "1, 2")
+    assert glue_value("core_test_list") == "1, 2"
+    assert "run the cells above" in glue_value("core_test_never_glued", ".2f")
+    with pytest.raises(TypeError, match="strings"):
+        glue_value("core_test_ratio", 3)
 
 
 def test_show_source_renders_a_python_block():

@@ -19,7 +19,7 @@ import jupytext
 import pytest
 from test_site import CHROMIUM, CHROMIUM_ARGS
 
-from icml26.toolchain import lab, saving
+from icml26.toolchain import lab, livetext, saving
 from icml26.toolchain.chapters import CHAPTER_DIR, ROOT, chapters
 
 SLUG = "mod-test"
@@ -95,6 +95,45 @@ def test_saving_an_edited_chapter_changes_only_the_edit(tmp_path):
     assert diff == ["+# an edit"]
 
 
+def test_chapters_open_with_live_numbers_and_citations_and_save_them_back(tmp_path):
+    source = ROOT / CHAPTER_DIR / f"{SLUG}.md"
+    target = _copy_chapter(source, tmp_path)
+    seen = {}
+
+    def run_markdown_as_jupyterlab_myst_does(notebook):
+        prose = "\n".join(c["source"] for c in notebook["cells"] if c["cell_type"] == "markdown")
+        seen["prose"] = prose
+        cell = next(c for c in notebook["cells"] if "glue_value(" in c["source"])
+        cell["metadata"]["user_expressions"] = [{"expression": "glue_value(\"x\")", "result": {
+            "status": "ok", "data": {"text/plain": "'0.43'"}, "metadata": {}}}]
+        cell["metadata"]["trusted"] = True
+
+    asyncio.run(_open_and_save(tmp_path, f"{CHAPTER_DIR}/{target.name}",
+                               run_markdown_as_jupyterlab_myst_does))
+    prose = seen["prose"]
+    assert '{eval}`glue_value("power_mod_location", ".2f")`' in prose
+    assert "Gretton et al. (2012)" in prose and "{glue:" not in prose and "{cite:" not in prose
+    assert target.read_bytes() == source.read_bytes(), "the values JupyterLab shows are not saved"
+
+
+def test_live_text_round_trips_and_formats_citations():
+    bibliography = {"a": ("Ames", "2020"), "b": ("Bo and Cy", "2021")}
+    text = ("Power {glue:text}`p_mod:.2f`, list {glue:text}`names`, {cite:p}`a,b`; "
+            "{cite:t}`b` and {cite:t}`unknown`.")
+    lab_text = livetext.to_lab(text, bibliography)
+    assert lab_text == ('Power {eval}`glue_value("p_mod", ".2f")`, list {eval}`glue_value("names")`'
+                        ", {abbr}`(Ames, 2020; Bo and Cy, 2021) (cite:p:a,b)`; "
+                        "{abbr}`Bo and Cy (2021) (cite:t:b)` and {abbr}`unknown (cite:t:unknown)`.")
+    assert livetext.from_lab(lab_text) == text
+    spaced = "{cite:p}`a, b`"  # a link cannot hold the space: left as it is
+    assert livetext.to_lab(spaced, bibliography) == spaced
+    assert livetext.author_years()["szekely2013energy"] == ("Székely and Rizzo", "2013")
+    with pytest.raises(ValueError, match="style"):
+        livetext.citation_text("x", "a", bibliography)
+    with pytest.raises(TypeError):
+        livetext.to_lab(None)
+
+
 def test_keep_layout_reuses_only_blocks_whose_data_is_unchanged():
     cell = "```{code-cell} ipython3\n---\nmystnb:\n  figure:\n    caption: %s\n---\nx\n```\n"
     old, same = cell % "A cap\n      tion.", cell % "A cap tion."
@@ -118,8 +157,15 @@ def lab_server(tmp_path_factory):
     command = [str(icml26 if icml26.exists() else shutil.which("icml26")), "lab",
                "--no-browser", f"--port={port}", "--ip=127.0.0.1", f"--ServerApp.root_dir={root}",
                f"--IdentityProvider.token={token}", "--ServerApp.disable_check_xsrf=False"]
+    # Every cell in the page (JupyterLab otherwise attaches only the cells in view), so that the
+    # tests can read any cell; a user setting, in a folder of the test's own.
+    settings = root / "user-settings" / "@jupyterlab" / "notebook-extension"
+    settings.mkdir(parents=True)
+    (settings / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
     log = (root / "lab.log").open("w")
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(root / "user-settings"),
+           "JUPYTERLAB_WORKSPACES_DIR": str(root / "workspaces")}  # no tabs from other runs
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(120):
@@ -210,3 +256,40 @@ def test_chapter_opens_runs_and_saves_without_outputs(lab_server):
     again = jupytext.read(chapter)
     assert [c.source for c in again.cells] == [c.source for c in original.cells]
     assert chapter.read_bytes() == original_bytes, "running and saving changed the chapter"
+
+
+def test_run_all_shows_the_glued_numbers_in_the_prose(lab_server):
+    """Run All at smoke tier: a sentence that quotes a glued number shows it as digits."""
+    if not CHROMIUM:
+        pytest.skip("Chromium not found at /usr/bin/chromium or on PATH")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    url, token, chapter = lab_server
+    live = chapter.with_name(f"{SLUG}-live.md")
+    text = chapter.read_text()
+    assert '\nTIER = "book"\n' in text
+    live.write_text(text.replace('\nTIER = "book"\n', '\nTIER = "smoke"\n', 1))
+    current = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the tab in front
+    sentence = f"{current} .jp-MarkdownCell .myst"  # jupyterlab-myst's rendering of a Markdown cell
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto(f"{url}/lab/tree/book/chapters/{live.name}?token={token}")
+            page.wait_for_selector(f"{current} .jp-CodeCell")
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+            page.wait_for_function(
+                "selector => [...document.querySelectorAll(selector)].some(cell => "
+                "cell.innerText.includes('Gretton et al. (2012)'))", arg=sentence)
+            page.locator(f"{current} .jp-CodeCell .jp-InputArea-editor").first.click()
+            page.keyboard.press("Escape")  # the notebook has the focus: Run All applies to it
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+            page.wait_for_function(
+                "selector => [...document.querySelectorAll(selector)].some(cell => "
+                "/MOD rejects in \\d\\.\\d\\d of the data/.test(cell.innerText))", arg=sentence)
+            quoted = [text for text in page.locator(sentence).all_inner_texts()
+                      if "MOD rejects in" in text]
+        finally:
+            browser.close()
+    assert quoted and not any("glue_value(" in text or "run the cells" in text for text in quoted)

@@ -140,6 +140,35 @@ class GluedText(_ShownByGlue, str):
     """The string :func:`glue_text` returns."""
 
 
+_GLUED: dict[str, float | str] = {}
+"""Every value glued in this process, for :func:`glue_value`."""
+
+
+def _remember(name: str, value: float | str) -> None:
+    """Keep a glued value for :func:`glue_value`, and make ``glue_value`` a name of the notebook's
+    namespace, where JupyterLab evaluates the prose's inline expressions."""
+    _GLUED[name] = value
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython comes with every kernel
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.user_ns.setdefault("glue_value", glue_value)
+
+
+def glue_value(name: str, spec: str = "") -> str:
+    """The value glued under ``name``, formatted by ``spec`` as ``{glue:text}`name:spec``` shows
+    it: what ``{eval}`glue_value("name", ".3f")``` shows in JupyterLab, where chapters open with
+    their glue roles rewritten so (:mod:`icml26.toolchain.livetext`). A name not glued yet says
+    so, rather than raising in the middle of a sentence."""
+    if not isinstance(name, str) or not isinstance(spec, str):
+        raise TypeError("glue_value takes the glue name and a format spec as strings")
+    if name not in _GLUED:
+        return f"[{name}: run the cells above]"
+    return format(_GLUED[name], spec)
+
+
 def glue_number(name: str, value: float, display: bool = False) -> GluedNumber:
     """Glue a headline number under ``name``; the text quotes it with ``{glue:text}`name:.3f```.
 
@@ -150,6 +179,7 @@ def glue_number(name: str, value: float, display: bool = False) -> GluedNumber:
 
     value = float(value)
     glue(name, value, display=display)
+    _remember(name, value)
     return GluedNumber(value)
 
 
@@ -161,6 +191,7 @@ def glue_text(name: str, text: str, display: bool = False) -> GluedText:
     from myst_nb import glue
 
     glue(name, text, display=display)  # stored quoted; myst-nb's glue role strips the quotes
+    _remember(name, text)
     return GluedText(text)
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import nbformat
 
+from icml26.toolchain import livetext
 from icml26.toolchain.chapters import ROOT, Chapter, chapters, read_source
 from icml26.toolchain.checks import CheckResult, LocalSubmission, load_check, run_check
 
@@ -184,8 +185,10 @@ def _insert_check_cells(
 
 
 def export_chapter(chapter: Chapter, out_dir: Path, student: bool) -> Path:
-    """Write ``<slug>.ipynb`` (student or instructor version) into ``out_dir``."""
+    """Write ``<slug>.ipynb`` (student or instructor version) into ``out_dir``, its prose
+    showing live numbers and citations in JupyterLab (:func:`livetext.notebook_to_lab`)."""
     notebook = export_notebook(read_source(chapter.source), student)
+    livetext.notebook_to_lab(notebook)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{chapter.slug}.ipynb"
     nbformat.write(notebook, target)

@@ -10,6 +10,7 @@ MyST file it saves and leaves a file whose text is unchanged untouched.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections import defaultdict
@@ -18,6 +19,8 @@ from pathlib import Path
 import yaml
 from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
 from jupytext.async_contentsmanager import build_async_jupytext_contents_manager_class
+
+from icml26.toolchain import livetext
 
 # The front matter, a code cell's YAML options, or a Markdown cell's JSON metadata.
 METADATA_BLOCK = re.compile(
@@ -71,6 +74,22 @@ class _KeepLayout(AsyncLargeFileManager):
         await super()._save_file(os_path, content, format)
 
 
-BookContentsManager = build_async_jupytext_contents_manager_class(_KeepLayout)
-"""Jupytext's contents manager over :class:`_KeepLayout`: chapters open as notebooks and save
-back to MyST, changing only what changed."""
+_JupytextManager = build_async_jupytext_contents_manager_class(_KeepLayout)
+
+
+class BookContentsManager(_JupytextManager):
+    """Jupytext's contents manager over :class:`_KeepLayout`: chapters open as notebooks whose
+    prose shows live numbers and citations (:mod:`icml26.toolchain.livetext`), and save back to
+    MyST with the book's glue and citation roles, changing only what changed."""
+
+    async def get(self, path, content=True, type=None, format=None, **kwargs):
+        model = await super().get(path, content=content, type=type, format=format, **kwargs)
+        if model["type"] == "notebook" and model.get("content") and path.endswith(".md"):
+            livetext.notebook_to_lab(model["content"])
+        return model
+
+    async def save(self, model, path=""):
+        if model.get("type") == "notebook" and model.get("content") and path.endswith(".md"):
+            model = {**model, "content": copy.deepcopy(model["content"])}
+            livetext.notebook_from_lab(model["content"])
+        return await super().save(model, path)
