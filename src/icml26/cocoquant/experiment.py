@@ -168,12 +168,14 @@ def floored(sensitivity: dict, standard_error: dict) -> dict:
 
 
 def equal_sensitivities(sensitivity: dict, rng: np.random.Generator | None = None,
-                        jitter: float = 1e-9) -> dict:
+                        jitter: float = 1e-3) -> dict:
     """The sensitivity-blind costs: each option's cost averaged over all sites of its kind.
 
     Every GEMM site then looks equally sensitive to, say, ``w4a4``, and every all-reduce equally
     sensitive to ``c4``; the ILP can still trade options against each other but not sites. With
-    ``rng``, a relative jitter of size ``jitter`` breaks the ties between sites at random.
+    ``rng``, a relative jitter of at most ``jitter`` breaks the ties between sites at random. It
+    must be large enough for the solver to see: a jitter below HiGHS's tolerances (about 1e-6 of
+    the largest cost) leaves the tie to the solver's fixed search order, which is not random.
     """
     out = {}
     for kind in ("gemm", "comm"):
