@@ -483,3 +483,81 @@ def test_bayes_opt_with_the_true_mean_queries_the_maximum_first():
     assert trace.queries[1] == int(np.argmax(truth)) and trace.regret[1] == 0
     flat = bayes_opt(truth, np.zeros_like(truth), cov, n_iter=3, start=0)
     assert flat.regret[0] == truth.max() - truth[0]
+
+
+# ------------------------------------------------------------------ fused data, calibrations
+
+
+def test_closed_form_variance_matches_spectral_draws_on_fused_data():
+    """Unpaired D0 and D1 (K01 != K00): a swap of the two Gram matrices would fail here."""
+    rng = np.random.default_rng(21)
+    A = rng.uniform(-1, 1, (50, 1))
+    V0 = np.column_stack([np.sin(2 * A[:, 0]), A[:, 0] ** 2]) + 0.2 * rng.standard_normal((50, 2))
+    V1 = rng.standard_normal((40, 2)) * 0.8
+    Y = np.sin(V1).sum(1) + 0.1 * rng.standard_normal(40)
+    data = FusedData(A, V0, V1, Y)
+    assert not data.paired
+    outcome = GPStage(GaussianKernel(torch.tensor([0.8, 1.0]), 1.2), 0.05)
+    treatment = GPStage(GaussianKernel(torch.tensor([0.5]), 0.9), 0.05)
+    intervention = Intervention(np.linspace(-1, 1, 7)[:, None])
+    post = ImpspecPosterior(data, outcome, treatment, intervention)
+    basis = nystrom_basis(outcome.kernel, post.measure(1.0), 1500, 300, seed=3)
+    draws = spectral_draws(data, outcome, treatment, intervention, basis, 20_000, seed=4)
+    ratio = draws.var(0) / post.variance(1.0)
+    assert (ratio - 1).abs().max() < 0.05, ratio
+    assert (draws.mean(0) - post.mean).abs().max() < 0.03
+
+
+def test_bayesimp_calibration_uses_the_same_bootstrap_and_grid():
+    chain = sim.mediator_chain(40, 2, 0.5, seed=1, grid_size=6)
+    data, intervention = chain.observed(), chain.intervention()
+    fit = ex.fit_impspec(data, intervention, max_iter=20)
+    (outcome, treatment), _ = ex.fit_bayesimp(data, intervention, max_iter=20)
+    result = cal.calibrate_bayesimp_scale(data, outcome, treatment, intervention,
+                                          scales=(0.5, 1.0, 4.0), n_boot=3, seed=2)
+    assert result.scale in (0.5, 1.0, 4.0)
+    assert result.coverage.shape == (3, 6, len(cal.LEVELS))
+    assert np.isclose(result.losses.min(), result.losses[result.scales.index(result.scale)])
+    # level 1 is the whole line, always covered; losses are means of absolute gaps
+    assert (result.coverage[:, :, -1] == 1).all() and (result.losses >= 0).all()
+    with pytest.raises(ValueError, match="n_boot"):
+        cal.calibrate_bayesimp_scale(data, outcome, treatment, intervention, n_boot=0)
+    with pytest.raises(ValueError, match="scales"):
+        cal.calibrate_bayesimp_scale(data, outcome, treatment, intervention, scales=(0.0,))
+    impspec = cal.calibrate_measure_scale(data, fit.outcome, fit.treatment, intervention,
+                                          scales=(0.5, 1.0, 4.0), n_boot=3, seed=2)
+    assert impspec.coverage.shape == result.coverage.shape
+
+
+def test_valid_choice_drops_scales_below_the_validity_bound():
+    losses = np.array([0.01, 0.05, 0.2, 0.03, 0.4])
+    result = cal.CalibrationResult(2.0**-4, cal.SCALES, losses, np.zeros((5, 1, 1)))
+    assert cal.valid_choice(result) == 4.0
+    assert cal.valid_choice(result, lower=0.01) == 2.0**-4
+    with pytest.raises(ValueError, match="no scale"):
+        cal.valid_choice(result, lower=100.0)
+
+
+def test_unconfounded_backdoor_control_has_no_covariate_effect():
+    confounded = sim.diabetes_backdoor(3, 10, n=80)
+    control = sim.diabetes_backdoor(3, 10, n=80, confounded=False)
+    # without the link, the treatment and the truth ignore W entirely
+    assert abs(np.corrcoef(control.A, control.W[:, 1])[0, 1]) < 0.3
+    assert abs(np.corrcoef(confounded.A, confounded.W[:, 1])[0, 1]) > 0.5
+    shuffled = sim.backdoor_effect(control.grid, control.W[::-1] * 2.0, control.link)
+    np.testing.assert_allclose(control.truth(), shuffled, rtol=0, atol=1e-12)
+    assert not np.allclose(confounded.truth(),
+                           sim.backdoor_effect(confounded.grid, confounded.W * 2.0))
+    with pytest.raises(TypeError, match="confounded"):
+        sim.diabetes_backdoor(3, 10, n=80, confounded=1)
+
+
+def test_fit_methods_runs_the_matched_calibrations():
+    chain = sim.mediator_chain(40, 2, 0.5, seed=2, grid_size=5)
+    fit = ex.fit_methods(chain.observed(), chain.intervention(), max_iter=20, n_boot=2,
+                         scales=(0.25, 1.0, 4.0), methods=("impspec_cal_valid", "bayesimp_cal"))
+    assert {"impspec", "impspec_cal", "impspec_cal_valid", "bayesimp_cal"} <= set(fit.estimates)
+    valid = cal.valid_choice(fit.calibration)
+    assert valid in (1.0, 4.0)
+    np.testing.assert_allclose(fit.estimates["impspec_cal_valid"].sd ** 2,
+                               fit.posterior.variance(valid).numpy(), rtol=1e-12)

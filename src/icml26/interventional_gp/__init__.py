@@ -17,11 +17,14 @@ from .baselines import fit_sampling_stage, sampling_gp_inner_sweep, sampling_gp_
 from .calibration import (
     LEVELS,
     SCALES,
+    VALID_SCALE,
     CalibrationResult,
+    calibrate_bayesimp_scale,
     calibrate_measure_scale,
     calibration_score,
     coverage_curve,
     interval_hits,
+    valid_choice,
 )
 from .cbo import BOTrace, bayes_opt, causal_prior, expected_improvement, gp_posterior_on_grid
 from .drawing import BACKDOOR_GRAPH, BENCHMARK_CHAIN, MEDIATOR_CHAIN
@@ -86,8 +89,9 @@ __all__ = [
     "DiabetesBackdoor", "Estimate", "Fit", "FusedData", "GPStage", "GaussianKernel",
     "GaussianMeasure", "ImpspecPosterior", "Intervention", "LABELS", "LEVELS", "MEDIATOR_CHAIN",
     "METHODS", "MediatorChain", "Metrics", "Moments", "SCALES", "SeedResult", "SpectralBasis",
-    "StudySummary", "VarianceTerms", "backdoor_effect", "bayes_opt", "bayesimp_code_moments",
-    "bayesimp_moments", "calibrate_measure_scale", "calibration_score", "causal_prior",
+    "StudySummary", "VALID_SCALE", "VarianceTerms", "backdoor_effect", "bayes_opt",
+    "bayesimp_code_moments", "bayesimp_moments", "calibrate_bayesimp_scale",
+    "calibrate_measure_scale", "calibration_score", "causal_prior",
     "chain_effect", "coverage_curve", "data_measure", "diabetes_backdoor", "evaluate",
     "expected_improvement", "fit_bayesimp", "fit_bayesimp_outcome", "fit_impspec", "fit_methods",
     "fit_outcome_stage", "fit_sampling_stage", "fit_treatment_stage",
@@ -96,4 +100,5 @@ __all__ = [
     "mediator_chain", "nystrom_basis", "outcome_gpytorch_model", "outcome_posterior",
     "run_mediator_seed", "run_study", "sampling_gp_inner_sweep", "sampling_gp_moments",
     "spectral_draws", "stable_cholesky", "summarise", "treatment_objective", "treatment_weights",
+    "valid_choice",
 ]

@@ -17,9 +17,11 @@ from .calibration import (
     LEVELS,
     SCALES,
     CalibrationResult,
+    calibrate_bayesimp_scale,
     calibrate_measure_scale,
     calibration_score,
     coverage_curve,
+    valid_choice,
 )
 from .cbo import BOTrace, bayes_opt, causal_prior
 from .kernels import GaussianKernel, data_measure
@@ -34,12 +36,15 @@ from .posterior import (
 from .simulators import mediator_chain
 from .training import fit_bayesimp_outcome, fit_outcome_stage, fit_treatment_stage
 
-METHODS = ("impspec_cal", "impspec", "bayesimp", "bayesimp_alpha_r", "bayesimp_exact",
-           "sampling_gp")
-BAYESIMP_METHODS = {"bayesimp", "bayesimp_alpha_r", "bayesimp_exact"}
-LABELS = {"impspec_cal": "IMPspec + calibration", "impspec": "IMPspec ($\\nu_s = 1$)",
-          "bayesimp": "BayesIMP (authors' formula)",
-          "bayesimp_alpha_r": "BayesIMP (authors' S, weights under r)",
+METHODS = ("impspec_cal", "impspec_cal_valid", "impspec", "bayesimp", "bayesimp_alpha_r",
+           "bayesimp_cal", "bayesimp_exact", "sampling_gp")
+BAYESIMP_METHODS = {"bayesimp", "bayesimp_alpha_r", "bayesimp_cal", "bayesimp_exact"}
+LABELS = {"impspec_cal": "IMPspec + calibration",
+          "impspec_cal_valid": "IMPspec + calibration (valid grid)",
+          "impspec": "IMPspec ($\\nu_s = 1$)",
+          "bayesimp": "BayesIMP (superseded formula, ff40a32)",
+          "bayesimp_alpha_r": "BayesIMP (authors' current formula)",
+          "bayesimp_cal": "BayesIMP (current formula) + calibration",
           "bayesimp_exact": "BayesIMP (all exact)",
           "sampling_gp": "sampling GP"}
 
@@ -116,18 +121,29 @@ def fit_methods(data: FusedData, intervention: Intervention, max_iter: int = 100
     fit = fit_impspec(data, intervention, max_iter)
     post = fit.posterior
     fit.estimates["impspec"] = _estimate(post.mean, post.variance(1.0))
-    if "impspec_cal" in methods:
+    if {"impspec_cal", "impspec_cal_valid"} & set(methods):
         with Timer() as timer:
             fit.calibration = calibrate_measure_scale(data, fit.outcome, fit.treatment,
                                                       intervention, scales, n_boot, seed=seed)
         fit.seconds["calibration"] = timer.seconds
         fit.estimates["impspec_cal"] = _estimate(post.mean, post.variance(fit.calibration.scale))
+        if "impspec_cal_valid" in methods:
+            fit.estimates["impspec_cal_valid"] = _estimate(
+                post.mean, post.variance(valid_choice(fit.calibration)))
     if BAYESIMP_METHODS & set(methods):
         with Timer() as timer:
             fit.bayesimp, moments = fit_bayesimp(data, intervention, max_iter)
         fit.seconds["BayesIMP"] = timer.seconds
-        for name in BAYESIMP_METHODS & set(methods):
+        for name in BAYESIMP_METHODS & set(methods) - {"bayesimp_cal"}:
             fit.estimates[name] = _estimate(moments[name].mean, moments[name].variance)
+        if "bayesimp_cal" in methods:
+            # the same bootstrap rows (same seed) and grid as IMPspec's calibration
+            result = calibrate_bayesimp_scale(data, *fit.bayesimp, intervention, scales, n_boot,
+                                              seed=seed)
+            chosen = bayesimp_code_moments(data, *fit.bayesimp, intervention,
+                                           data_measure(data.V1, result.scale),
+                                           weights="nuclear")
+            fit.estimates["bayesimp_cal"] = _estimate(chosen.mean, chosen.variance)
     if "sampling_gp" in methods:
         with Timer() as timer:
             stage = fit_sampling_stage(data, max_iter)
@@ -176,6 +192,7 @@ class SeedResult:
     inner_variance: dict[int, float] = field(default_factory=dict)
     within: float = float("nan")
     mean_variance: dict[str, float] = field(default_factory=dict)
+    boot_losses: dict[float, float] = field(default_factory=dict)
 
 
 def run_cbo(fit: Fit, truth, grid, n_iter: int, start: int) -> dict[str, BOTrace]:
@@ -207,8 +224,11 @@ def run_mediator_seed(seed: int, n: int = 100, d: int = 5, noise: float = 0.5,
     inner_variance = {m: float(np.mean(est.sd**2)) for m, est in fit.inner.items()}
     within = float(np.mean(fit.within)) if fit.within is not None else float("nan")
     mean_variance = {name: float(np.mean(est.sd**2)) for name, est in fit.estimates.items()}
+    boot_losses = (dict(zip(fit.calibration.scales, map(float, fit.calibration.losses),
+                            strict=True)) if fit.calibration else {})
     return SeedResult(seed, evaluate(fit.estimates, truth), scale, bo, seconds,
-                      evaluate(fit.inner, truth), inner_variance, within, mean_variance)
+                      evaluate(fit.inner, truth), inner_variance, within, mean_variance,
+                      boot_losses)
 
 
 @dataclass(frozen=True)

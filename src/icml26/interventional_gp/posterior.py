@@ -254,10 +254,10 @@ def bayesimp_code_moments(data: FusedData, outcome: GPStage, treatment: GPStage,
     the integrals by projections on $\operatorname{span}\{k(\cdot, v^1_i)\}$
     (Eq. ``eq-igp-bayesimp-code``): $S \approx R K^{-1} R K^{-1} R$, $\int r(u, u)\,\nu(du)
     \approx \operatorname{tr}[(K^{-1}R)^2]$ with $K = K_{11} + \text{ridge}\,I$. The norm
-    term's weights are $\alpha = (K_{11} + \sigma^2 I)^{-1} y$ with ``weights="kernel"`` (the
-    baseline code as stored at commit ff40a32) or $\alpha_r = (R + \sigma^2 I)^{-1} y$ with
-    ``weights="nuclear"`` (the posterior weights under $r$), which isolates the effect of $S$'s
-    approximation.
+    term's weights are $\alpha_r = (R + \sigma^2 I)^{-1} y$ with ``weights="nuclear"`` (the
+    posterior weights under $r$: the authors' current formula, from commit 21c8e91 to 380913a of
+    their code) or $\alpha = (K_{11} + \sigma^2 I)^{-1} y$ with ``weights="kernel"`` (the
+    superseded formula, as stored at commit ff40a32).
     """
     if weights not in BAYESIMP_WEIGHTS:
         raise ValueError(f"weights must be one of {BAYESIMP_WEIGHTS}, got {weights!r}")

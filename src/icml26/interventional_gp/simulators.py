@@ -118,6 +118,7 @@ class DiabetesBackdoor:
     V: np.ndarray
     Y: np.ndarray
     grid: np.ndarray
+    link: float = 1.0  # 0 for the falsification control: W enters neither A nor V
 
     def observed(self, adjust: bool = True) -> FusedData:
         """Inputs of the $V$-stage are $(A, W)$, or $A$ alone for the unadjusted analysis."""
@@ -130,30 +131,37 @@ class DiabetesBackdoor:
 
     def truth(self) -> np.ndarray:
         """$\\frac1n\\sum_i E[h(V) \\mid A = a, W_i]$ in closed form (evaluation only)."""
-        return backdoor_effect(self.grid, self.W)
+        return backdoor_effect(self.grid, self.W, self.link)
 
 
-def _mediator_mean(a, W):
-    r"""$\mu(a, w)$: elementwise for ``a`` of shape ``(n,)``, all pairs for ``a`` of ``(N, 1)``."""
+def _mediator_mean(a, W, link: float = 1.0):
+    r"""$\mu(a, w)$: elementwise for ``a`` of shape ``(n,)``, all pairs for ``a`` of ``(N, 1)``;
+    ``link`` scales the covariates' coefficients."""
     c = BACKDOOR
-    return c["v_slope"] * np.tanh(a) + c["v_bmi"] * W[:, 1] + c["v_age"] * W[:, 0]
+    return c["v_slope"] * np.tanh(a) + link * (c["v_bmi"] * W[:, 1] + c["v_age"] * W[:, 0])
 
 
-def backdoor_effect(grid, W) -> np.ndarray:
+def backdoor_effect(grid, W, link: float = 1.0) -> np.ndarray:
     r"""$\frac1n \sum_i \big[\cos(\omega \mu_i)\,e^{-\omega^2 s_V^2 / 2} + b\,\mu_i\big]$ with
     $\mu_i = \mu(a, W_i)$: the adjusted effect of ``eq-igp-backdoor-design``."""
     c = BACKDOOR
-    mu = _mediator_mean(np.asarray(grid, dtype=float).reshape(-1, 1), W)
+    mu = _mediator_mean(np.asarray(grid, dtype=float).reshape(-1, 1), W, link)
     damping = np.exp(-(c["y_freq"] * c["sd_v"]) ** 2 / 2)
     return (np.cos(c["y_freq"] * mu) * damping + c["y_slope"] * mu).mean(1)
 
 
-def diabetes_backdoor(seed: int = 0, grid_size: int = 50, n: int | None = None) -> DiabetesBackdoor:
+def diabetes_backdoor(seed: int = 0, grid_size: int = 50, n: int | None = None,
+                      confounded: bool = True) -> DiabetesBackdoor:
     """Simulate treatment, mediator and outcome on the real diabetes covariates
     (``eq-igp-backdoor-design``).
 
-    ``n`` patients are drawn without replacement (all 442 by default).
+    ``n`` patients are drawn without replacement (all 442 by default). With
+    ``confounded=False`` the covariates enter neither the treatment nor the mediator (their
+    coefficients are 0), the falsification control: adjusting for $W$ can then neither remove bias
+    nor explain variance, so it should not change the error.
     """
+    if not isinstance(confounded, bool):
+        raise TypeError(f"confounded must be a bool, got {type(confounded).__name__}")
     grid_size = check_count(grid_size, "grid_size", 2)
     c = BACKDOOR
     rng = np.random.default_rng(seed)
@@ -164,8 +172,9 @@ def diabetes_backdoor(seed: int = 0, grid_size: int = 50, n: int | None = None) 
             raise ValueError(f"the diabetes data have {len(W)} patients, asked for {n}")
         W = W[rng.choice(len(W), n, replace=False)]
     n = len(W)
-    A = c["a_bmi"] * W[:, 1] + c["a_bp"] * W[:, 2] + c["sd_a"] * rng.standard_normal(n)
-    V = _mediator_mean(A, W) + c["sd_v"] * rng.standard_normal(n)
+    link = 1.0 if confounded else 0.0
+    A = link * (c["a_bmi"] * W[:, 1] + c["a_bp"] * W[:, 2]) + c["sd_a"] * rng.standard_normal(n)
+    V = _mediator_mean(A, W, link) + c["sd_v"] * rng.standard_normal(n)
     Y = np.cos(c["y_freq"] * V) + c["y_slope"] * V + c["sd_y"] * rng.standard_normal(n)
     grid = np.linspace(*np.quantile(A, [0.05, 0.95]), grid_size)
-    return DiabetesBackdoor(A, W, V, Y, grid[:, None])
+    return DiabetesBackdoor(A, W, V, Y, grid[:, None], link)
