@@ -54,6 +54,9 @@ def test_ledger_gathers_every_chapters_checks(smoke_build, capsys):
         counts = ledger.count_kinds(entry["rows"])
         if slug not in THEOREM_CHAPTERS:
             assert counts["paper"] >= 1, f"{slug} checks no claim of its paper"
+    building = (html / "book" / "appendix" / "building.html").read_text(encoding="utf-8")
+    assert "{{" not in building and "executed at the" in building
+    assert f"{len(chapters())} chapters executed at the" in building
     page = (html / "book" / "appendix" / "reproduced.html").read_text(encoding="utf-8")
     first_paper = next(r for r in book_ledger[chapters()[0].slug]["rows"] if r["kind"] == "paper")
     assert first_paper["verdict"] in page

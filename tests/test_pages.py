@@ -6,7 +6,13 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from icml26.claims import CLAIMS_METADATA_KEY
 from icml26.core import glue_number, glue_text
-from icml26.toolchain.pages import plain_caption, reader_problems, with_alt_text
+from icml26.toolchain.pages import (
+    LIVE_NOTE,
+    plain_caption,
+    reader_problems,
+    with_alt_text,
+    with_live_notes,
+)
 
 
 def _cell(*outputs):
@@ -73,3 +79,13 @@ def test_figures_get_their_caption_as_alt_text():
     assert "mystnb" not in notebook.cells[2].metadata
     with pytest.raises(TypeError):
         plain_caption(None)
+
+
+def test_each_explore_cell_says_once_how_to_run_it_live():
+    cells = [new_code_cell("explore(view, k=(1, 5, 1))"), new_code_cell("x = explore_more"),
+             new_code_cell("y = 1\nexplore(view)")]
+    notebook = with_live_notes(new_notebook(cells=cells))
+    sources = [c.source for c in notebook.cells]
+    assert sources == [cells[0].source, LIVE_NOTE, cells[1].source, cells[2].source, LIVE_NOTE]
+    assert [c.source for c in with_live_notes(notebook).cells] == sources, "notes are added once"
+    assert "make lab" in LIVE_NOTE

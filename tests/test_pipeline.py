@@ -241,6 +241,13 @@ def test_ledger_renders_a_summary_forest_plots_and_rows(tmp_path):
     assert "[paper] reproduced: A | B beats C" in text and "identity" not in text
     assert "gone" in text and "FAILED: cell 3 raised ValueError" in text
     assert ledger.substitutions(book)["ledger_reproduced"] == "1"
+    records = [pipeline.RunRecord(slug, "book", 0, seconds, {}, False, "k", "now")
+               for slug, seconds in [("a", 10.0), ("b", 31.0)]]
+    assert pipeline.run_substitutions(records) == {
+        "build_chapters": "2", "build_tier": "book", "build_seconds": "41",
+        "build_mean_seconds": "20", "build_max_seconds": "31", "build_max_chapter": "b"}
+    with pytest.raises(ValueError):
+        pipeline.run_substitutions([])
 
 
 def test_cli_claims_without_a_build_says_so(tmp_path, capsys):

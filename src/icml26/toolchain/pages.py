@@ -1,7 +1,8 @@
 """What an executed chapter shows its readers: only what is meant for them, figures described.
 
 :func:`with_alt_text` gives every figure the alt text a screen reader says: its caption, as
-plain text.
+plain text. :func:`with_live_notes` says under each explore cell's static figure how to move its
+controls.
 
 :func:`reader_problems` lists what a page must not show: an object's repr (``Row(...)``,
 ``<... object at 0x...>``), anything a cell writes to stderr (warnings, with the kernel's temporary
@@ -87,4 +88,29 @@ def with_alt_text(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
         caption = options.get("figure", {}).get("caption")
         if cell.cell_type == "code" and caption and "alt" not in options.get("image", {}):
             options.setdefault("image", {})["alt"] = plain_caption(caption)
+    return notebook
+
+
+LIVE_NOTE = (
+    "```{tip}\n"
+    "The figure above shows the explore cell's default settings. Its sliders move it live when "
+    "the chapter runs in Jupyter: `make lab` opens the chapter as a notebook, or download it with "
+    "the button at the top of this page.\n"
+    "```"
+)
+_LIVE = "icml26-live-note"
+
+
+def with_live_notes(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``notebook`` with :data:`LIVE_NOTE` after every code cell that calls ``explore(``, once
+    (a notebook that has its notes keeps them as they are)."""
+    cells = []
+    for index, cell in enumerate(notebook.cells):
+        cells.append(cell)
+        following = notebook.cells[index + 1] if index + 1 < len(notebook.cells) else None
+        has_note = following is not None and following.metadata.get(_LIVE)
+        explores = cell.cell_type == "code" and re.search(r"^explore\(", cell.source, re.M)
+        if explores and not has_note:
+            cells.append(nbformat.v4.new_markdown_cell(LIVE_NOTE, metadata={_LIVE: True}))
+    notebook.cells = cells
     return notebook

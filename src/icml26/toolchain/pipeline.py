@@ -622,11 +622,12 @@ def execute_chapters(
             partial = getattr(error, "notebook", None)
             page = failures.failed_page(chapter.source, message, partial and nbformat.reads(
                 partial.decode("utf-8"), as_version=4))
-            nbformat.write(pages.with_alt_text(page), output(chapter))
+            nbformat.write(pages.with_live_notes(pages.with_alt_text(page)), output(chapter))
             done(chapter, failed_record(chapter, tier, seed, time.perf_counter() - start,
                                         message))
             return
-        page = pages.with_alt_text(nbformat.reads(notebook.decode("utf-8"), as_version=4))
+        page = pages.with_live_notes(pages.with_alt_text(
+            nbformat.reads(notebook.decode("utf-8"), as_version=4)))
         nbformat.write(page, output(chapter))
         done(chapter, store_run(chapter, tier, seed, output(chapter), seconds, cache))
 
@@ -713,7 +714,7 @@ def build(
     _write_if_changed(stage / STATUS_TABLE, table)
     plots = ledger.write_forest_plots(book_ledger, stage)
     _write_if_changed(stage / ledger.LEDGER_TABLE, ledger.ledger_markdown(book_ledger, plots))
-    _add_substitutions(stage, ledger.substitutions(book_ledger))
+    _add_substitutions(stage, ledger.substitutions(book_ledger) | run_substitutions(records))
     if student:
         _make_student_edition(stage, selected)
     else:
@@ -741,8 +742,22 @@ def build(
     return records
 
 
+def run_substitutions(records: list[RunRecord]) -> dict[str, str]:
+    """What this build measured, for the building appendix (``{{ build_seconds }}``...): the
+    chapters, their tier, and their execution seconds in all, on average and at most (a cached
+    chapter counts the seconds its run took)."""
+    if not records:
+        raise ValueError("no run records")
+    slowest = max(records, key=lambda r: r.seconds)
+    total = sum(r.seconds for r in records)
+    return {"build_chapters": str(len(records)), "build_tier": records[0].tier,
+            "build_seconds": f"{total:.0f}", "build_mean_seconds": f"{total / len(records):.0f}",
+            "build_max_seconds": f"{slowest.seconds:.0f}", "build_max_chapter": slowest.slug}
+
+
 def _add_substitutions(stage: Path, values: dict[str, str]) -> None:
-    """Put the ledger's book-wide counts into the staged configuration, for the introduction."""
+    """Put the book-wide counts into the staged configuration, for the introduction and the
+    building appendix."""
     config_file = stage / "_config.yml"
     config = yaml.safe_load(config_file.read_text(encoding="utf-8"))
     config.setdefault("parse", {})["myst_substitutions"] = values
