@@ -165,3 +165,25 @@ def test_ledger_page_renders_in_browser(built_html, site_url):
         finally:
             browser.close()
     assert not problems, "the ledger page failed in the browser:\n" + "\n".join(problems)
+
+
+def test_search_works_from_disk_without_console_errors(built_html):
+    """Opened as files (no server), search finds chapters and the console stays clean."""
+    if not CHROMIUM:
+        pytest.skip("Chromium not found at /usr/bin/chromium or on PATH")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    errors = []
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            page.on("console", lambda msg: msg.type == "error" and errors.append(msg.text))
+            page.on("pageerror", lambda err: errors.append(str(err)))
+            page.goto((built_html / "search.html").as_uri() + "?q=kernel")
+            page.wait_for_selector("#search-results ul.search li a")
+            found = page.locator("#search-results ul.search li").count()
+            page.wait_for_timeout(1000)  # summaries, were they requested, would fail by now
+        finally:
+            browser.close()
+    assert found >= 1 and not errors, errors

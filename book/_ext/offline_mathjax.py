@@ -1,4 +1,10 @@
-"""Sphinx extension: serve the vendored MathJax 3 from ``_static/mathjax`` instead of a CDN."""
+"""Sphinx extension: the book works offline.
+
+It serves the vendored MathJax 3 from ``_static/mathjax`` instead of a CDN, and turns off search
+result summaries when a page is opened from disk (``file://``): the browser refuses the requests
+for the other pages that summaries need there (one console error per result), while titles and
+links work. Served over HTTP, search shows summaries as usual.
+"""
 
 import shutil
 from pathlib import Path
@@ -35,7 +41,12 @@ def _drop_duplicate_scripts(app, pagename, templatename, context, doctree):
     scripts[:] = unique
 
 
+SEARCH_SUMMARIES_WHEN_SERVED = (
+    'DOCUMENTATION_OPTIONS.SHOW_SEARCH_SUMMARY = window.location.protocol !== "file:";')
+
+
 def setup(app):
+    app.add_js_file(None, body=SEARCH_SUMMARIES_WHEN_SERVED, priority=210)
     app.connect("config-inited", _use_local_mathjax)
     app.connect("builder-inited", _copy_mathjax)
     app.connect("html-page-context", _drop_duplicate_scripts)
