@@ -143,3 +143,63 @@ def test_bad_input():
                              [torch.tensor([[1.5, 0.0]], dtype=F64)], "hyperbolic")
     with pytest.raises(ValueError, match="unique"):
         hr.build_trie(np.array([[0, 1], [0, 1]]))
+
+
+def test_tangent_residual_reconstructs_and_is_a_tangent_subtraction():
+    c = 0.7
+    z = _points(200, 4, c, 40, scale=0.9)
+    books = [_points(k, 4, c, 50 + k, scale=0.8) for k in (3, 6, 12)]
+    codes, residuals = hr.residual_quantize(z, books, "hyperbolic", c, residual="tangent")
+    t = hr.logmap0(z, c)
+    for level, book in enumerate(books):
+        # nearest codeword in hyperbolic distance (brute force with geoopt)
+        d = geoopt.PoincareBall(c=c).dist(residuals[level][:, None], book[None])
+        assert torch.equal(d.argmin(1), codes[:, level])
+        t = t - hr.logmap0(book[codes[:, level]], c)
+        assert torch.allclose(hr.logmap0(residuals[level + 1], c), t, atol=1e-9)
+    rebuilt = hr.reconstruct(books, codes, "hyperbolic", c, tail=residuals[-1], residual="tangent")
+    assert torch.allclose(rebuilt, z, atol=1e-10)
+    # the two residuals differ: HG-Rec's tangent subtraction is not HRQ's Möbius subtraction
+    codes_m, res_m = hr.residual_quantize(z, books, "hyperbolic", c, residual="mobius")
+    assert (res_m[2] - residuals[2]).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="residual"):
+        hr.residual_quantize(z, books, "hyperbolic", c, residual="right")
+
+
+@pytest.mark.parametrize("residual", hr.RESIDUALS)
+def test_codes_are_invariant_to_the_curvature(residual):
+    # the ball of curvature -c is the unit ball scaled by 1/sqrt(c): same points, same codes
+    t = hr.logmap0(_points(300, 3, 1.0, 60, scale=0.95), 1.0)
+    out = []
+    for c in (0.25, 1.0, 4.0):
+        z = hr.expmap0(t / c**0.5, c)
+        books = hr.fit_codebooks(z, (8, 6, 4), "hyperbolic", c, seed=3, residual=residual)
+        out.append(hr.residual_quantize(z, books, "hyperbolic", c, residual=residual)[0])
+    assert all(torch.equal(out[0], o) for o in out[1:])
+
+
+def test_stacked_tokenizers_are_independent():
+    cats = [hr.make_catalogue((3, 2, 2), 4, n_users=5, seed=s) for s in (0, 1, 2)]
+    x = np.stack([cats[0].features, cats[1].features])
+    y = np.stack([cats[0].features, cats[2].features])  # replicate 1 changed, replicate 0 not
+    for geometry, residual in (("euclidean", "mobius"), ("hyperbolic", "tangent")):
+        a = hr.train_tokenizers(x, (4, 3), geometry, residual=residual, epochs=15, warmup=5)
+        b = hr.train_tokenizers(y, (4, 3), geometry, residual=residual, epochs=15, warmup=5)
+        assert np.array_equal(a[0].codes, b[0].codes)
+        assert torch.allclose(a[0].latent, b[0].latent, atol=1e-5)
+        assert not torch.allclose(a[1].latent, b[1].latent)
+        if geometry == "hyperbolic":
+            assert 0.0 <= a[0].agreement <= 1.0
+            assert float(a[0].latent.norm(dim=-1).max()) <= np.tanh(1.0) + 1e-5  # clip radius 1
+
+
+def test_dead_codes_pyramid_and_clip():
+    codes = np.array([[0, 1], [0, 1], [2, 0]])
+    assert hr.dead_codes(codes, (3, 4)).tolist() == [1, 2]
+    assert hr.pyramid(6, 2, 3) == (6, 12, 24)
+    assert hr.pyramid(64, 2, 3) == (64, 128, 256)
+    x = hr.make_catalogue((3, 2, 2), 4, n_users=5, seed=0).features
+    with pytest.raises(ValueError, match="clip"):
+        hr.train_tokenizer(x, (4,), "hyperbolic", clip=None, epochs=1)
+    tok = hr.train_tokenizer(x, (4,), "euclidean", clip=0.5, epochs=2, warmup=1)
+    assert float(tok.latent.norm(dim=-1).max()) <= 0.5 + 1e-6

@@ -9,9 +9,12 @@ Chapter ``hyperbolic-rq`` of the book. The module has five parts.
 * **Residual quantisation** in either geometry: :func:`residual_quantize` (Euclidean
   {eq}`eq-hrq-rq` or hyperbolic {eq}`eq-hrq-hrq`), :func:`reconstruct` {eq}`eq-hrq-recon`,
   :func:`collision_rate` and :func:`usage_perplexity`.
-* **Tokenizers**: :func:`train_tokenizer`, an RQ-VAE (MLP encoder and decoder, codebooks in the
-  tangent space at the origin mapped by ``expmap0``, straight-through estimator in the tangent
-  space) with any per-layer codebook sizes (uniform or pyramid).
+* **Tokenizers**: :func:`train_tokenizers` (``R`` independent RQ-VAEs stacked on a leading
+  replicate axis and trained at once) and :func:`train_tokenizer` (one): MLP encoder and decoder
+  with a clipped encoder output (the clip radius), codebooks in the tangent space at the origin
+  mapped by ``expmap0``, straight-through estimator in the tangent space, any per-layer codebook
+  sizes (uniform or :func:`pyramid`), and the Möbius (HRQ) or tangent (HG-Rec) residual.
+  :func:`dead_codes` counts unused codewords per layer.
 * **Data**: :func:`make_catalogue` (items on a known three-level tree, sessions as walks on it).
 * **Recommender**: :class:`SemanticIdRecommender` (a GRU over the semantic IDs of the history, a
   GRU-cell decoder over the next item's tokens), :func:`build_trie`, :func:`beam_search`
@@ -158,39 +161,86 @@ def _check_codebooks(codebooks) -> list[Tensor]:
     return out
 
 
-def _sub(r: Tensor, q: Tensor, geometry: str, c: float) -> Tensor:
-    return r - q if geometry == "euclidean" else _mobius_add(-q, r, c)
+RESIDUALS = ("mobius", "tangent")
 
 
-def _add(q: Tensor, r: Tensor, geometry: str, c: float) -> Tensor:
-    return q + r if geometry == "euclidean" else _mobius_add(q, r, c)
+def _check_residual(residual: str) -> str:
+    if residual not in RESIDUALS:
+        raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
+    return residual
+
+
+def _sub(r: Tensor, q: Tensor, geometry: str, c: float, residual: str = "mobius") -> Tensor:
+    if geometry == "euclidean":
+        return r - q
+    if residual == "tangent":
+        return _expmap0(_logmap0(r, c) - _logmap0(q, c), c)
+    return _mobius_add(-q, r, c)
+
+
+def _add(q: Tensor, r: Tensor, geometry: str, c: float, residual: str = "mobius") -> Tensor:
+    if geometry == "euclidean":
+        return q + r
+    if residual == "tangent":
+        return _expmap0(_logmap0(q, c) + _logmap0(r, c), c)
+    return _mobius_add(q, r, c)
 
 
 def _pairwise(r: Tensor, book: Tensor, geometry: str, c: float) -> Tensor:
+    """Distances of the rows of ``r`` (..., n, d) to the codewords ``book`` (..., K, d)."""
     if geometry == "euclidean":
         return torch.cdist(r, book)
-    return _dist(r[:, None, :], book[None, :, :], c)
+    return _dist(r[..., :, None, :], book[..., None, :, :], c)
 
 
-def _quantize(z: Tensor, codebooks: list[Tensor], geometry: str, c: float):
-    residual, codes, residuals = z, [], [z]
+def _nearest(r: Tensor, book: Tensor, geometry: str, c: float) -> Tensor:
+    """Index of the nearest codeword. In the ball ``cosh(sqrt(c) d_c(x, y)) - 1`` equals
+    ``2c||x - y||^2 / ((1 - c||x||^2)(1 - c||y||^2))``, so the argmin over ``y`` of ``d_c`` is the
+    argmin of ``||x - y||^2 / (1 - c||y||^2)``: one ``cdist``, no pairwise Möbius addition."""
+    d2 = torch.cdist(r, book).pow(2)
+    if geometry == "hyperbolic":
+        d2 = d2 / (1 - c * book.pow(2).sum(-1)).clamp_min(_MIN_NORM)[..., None, :]
+    return d2.argmin(dim=-1)
+
+
+def _take(book: Tensor, k: Tensor) -> Tensor:
+    """Codewords ``book[..., k, :]`` for code indices ``k`` (..., n)."""
+    if book.ndim == 2:
+        return book[k]
+    return torch.gather(book, -2, k[..., None].expand(*k.shape, book.shape[-1]))
+
+
+def _quantize(z: Tensor, codebooks: list[Tensor], geometry: str, c: float,
+              residual: str = "mobius"):
+    """Nearest codeword per layer, then the residual: Möbius (HRQ) or tangent (HG-Rec)."""
+    r, codes, residuals = z, [], [z]
+    tangent = residual == "tangent" and geometry == "hyperbolic"
+    t = _logmap0(z, c) if tangent else None
     for book in codebooks:
-        k = _pairwise(residual.detach(), book.detach(), geometry, c).argmin(dim=1)
-        residual = _sub(residual, book[k], geometry, c)
+        k = _nearest(r.detach(), book.detach(), geometry, c)
+        q = _take(book, k)
+        if tangent:  # r_{l+1} = exp0(log0 r_l - log0 c_k): a plain subtraction in T_0
+            t = t - _logmap0(q, c)
+            r = _expmap0(t, c)
+        else:
+            r = _sub(r, q, geometry, c)
         codes.append(k)
-        residuals.append(residual)
-    return torch.stack(codes, dim=1), residuals
+        residuals.append(r)
+    return torch.stack(codes, dim=-1), residuals
 
 
-def residual_quantize(z, codebooks, geometry: str = "hyperbolic", c: float = 1.0):
+def residual_quantize(z, codebooks, geometry: str = "hyperbolic", c: float = 1.0,
+                      residual: str = "mobius"):
     """Quantise rows of ``z`` layer by layer; return ``(codes, residuals)``.
 
     Euclidean {eq}`eq-hrq-rq`: ``k_l = argmin ||r_l - e_{l,k}||`` and
     ``r_{l+1} = r_l - e_{l,k_l}``. Hyperbolic {eq}`eq-hrq-hrq`: ``k_l = argmin d_c(r_l, e_{l,k})``
-    and ``r_{l+1} = (-e_{l,k_l}) ⊕_c r_l``. ``codes`` is ``(n, L)``; ``residuals`` lists
-    ``r_1 .. r_{L+1}``.
+    and, with ``residual="mobius"`` (HRQ), ``r_{l+1} = (-e_{l,k_l}) ⊕_c r_l``; with
+    ``residual="tangent"`` (HG-Rec) ``r_{l+1} = exp0(log0 r_l - log0 e_{l,k_l})``
+    {eq}`eq-hrq-tangent`. ``codes`` is ``(n, L)``; ``residuals`` lists ``r_1 .. r_{L+1}``.
     """
     geometry = _check_geometry(geometry)
+    residual = _check_residual(residual)
     codebooks = _check_codebooks(codebooks)
     c = check_curvature(c)
     z = check_in_ball(z, c, "z") if geometry == "hyperbolic" else _tensor(z, "z")
@@ -202,24 +252,36 @@ def residual_quantize(z, codebooks, geometry: str = "hyperbolic", c: float = 1.0
                              f"z has {z.shape[1]}")
         if geometry == "hyperbolic":
             check_in_ball(book, c, f"codebooks[{level}]")
-    return _quantize(z, codebooks, geometry, c)
+    return _quantize(z, codebooks, geometry, c, residual)
 
 
-def reconstruct(codebooks, codes, geometry: str = "hyperbolic", c: float = 1.0, tail=None):
+def reconstruct(codebooks, codes, geometry: str = "hyperbolic", c: float = 1.0, tail=None,
+                residual: str = "mobius"):
     """Rebuild ``e_{1,k_1} ⊕ (e_{2,k_2} ⊕ (... ⊕ (e_{L,k_L} ⊕ tail)))`` {eq}`eq-hrq-recon`.
 
     The nesting is innermost-last because Möbius addition is neither commutative nor associative;
-    with ``tail`` the last residual ``r_{L+1}`` the reconstruction is exact.
+    with ``tail`` the last residual ``r_{L+1}`` the reconstruction is exact. With
+    ``residual="tangent"`` the codewords add in the tangent space at the origin, in any order.
     """
     geometry = _check_geometry(geometry)
+    residual = _check_residual(residual)
     codebooks = _check_codebooks(codebooks)
     c = check_curvature(c)
     if not isinstance(codes, Tensor) or codes.ndim != 2 or codes.shape[1] != len(codebooks):
         raise ValueError(f"codes must be an (n, {len(codebooks)}) integer tensor")
-    out = tail if tail is not None else torch.zeros(
-        codes.shape[0], codebooks[0].shape[1], dtype=codebooks[0].dtype)
+    return _reconstruct(codebooks, codes, geometry, c, tail, residual)
+
+
+def _reconstruct(codebooks, codes, geometry, c, tail=None, residual="mobius"):
+    if geometry == "hyperbolic" and residual == "tangent":
+        t = sum(_logmap0(_take(b, codes[..., lev]), c) for lev, b in enumerate(codebooks))
+        if tail is not None:
+            t = t + _logmap0(tail, c)
+        return _expmap0(t, c)
+    first = _take(codebooks[0], codes[..., 0])
+    out = tail if tail is not None else torch.zeros_like(first)
     for level in range(len(codebooks) - 1, -1, -1):
-        out = _add(codebooks[level][codes[:, level]], out, geometry, c)
+        out = _add(_take(codebooks[level], codes[..., level]), out, geometry, c)
     return out
 
 
@@ -245,11 +307,29 @@ def usage_perplexity(codes, sizes) -> np.ndarray:
     return np.array(out)
 
 
+def dead_codes(codes, sizes) -> np.ndarray:
+    """Per-layer number of codewords that no item uses."""
+    codes = np.asarray(codes)
+    sizes = check_sizes(sizes)
+    if codes.ndim != 2 or codes.shape[1] != len(sizes):
+        raise ValueError(f"codes must be an (n, {len(sizes)}) array")
+    return np.array([k - len(np.unique(codes[:, lev])) for lev, k in enumerate(sizes)])
+
+
 def check_sizes(sizes) -> tuple[int, ...]:
     """Codebook sizes per layer: a non-empty sequence of positive integers."""
     if not isinstance(sizes, (list, tuple)) or len(sizes) == 0:
         raise ValueError("sizes must be a non-empty list of codebook sizes")
     return tuple(check_count(k, "codebook size", minimum=1) for k in sizes)
+
+
+def pyramid(k1: int, gamma: float, layers: int) -> tuple[int, ...]:
+    """Differential-length codebook sizes ``K_l = round(K_1 gamma^(l-1))``, ``l = 1..L``."""
+    check_count(k1, "k1", minimum=1)
+    check_count(layers, "layers", minimum=1)
+    if not gamma > 0:
+        raise ValueError(f"gamma must be positive, got {gamma}")
+    return tuple(max(1, round(k1 * gamma**lev)) for lev in range(layers))
 
 
 # --- Tokenizers (RQ-VAE) ---------------------------------------------------------------------
@@ -265,39 +345,46 @@ def _lower(z: Tensor, geometry: str, c: float) -> Tensor:
 
 def _kmeans(points: Tensor, k: int, geometry: str, c: float, gen: torch.Generator,
             iters: int = 10) -> Tensor:
-    """Lloyd's k-means in the given geometry; centroids are averaged in the tangent space at 0."""
-    n = points.shape[0]
-    idx = torch.randperm(n, generator=gen)[:k]
-    if n < k:
-        idx = torch.randint(n, (k,), generator=gen)
-    centres = points[idx].clone()
-    tangent = _lower(points, geometry, c)
+    """Lloyd's k-means in the given geometry, batched over leading axes of ``points`` (..., n, d).
+
+    Assignments use the geometry's distance; centroids are averaged in the tangent space at 0.
+    """
+    batch, (n, d) = points.shape[:-2], points.shape[-2:]
+    flat = points.reshape(-1, n, d)
+    b = flat.shape[0]
+    idx = torch.stack([torch.randperm(n, generator=gen)[:k] if n >= k
+                       else torch.randint(n, (k,), generator=gen) for _ in range(b)])
+    centres = torch.gather(flat, 1, idx[..., None].expand(b, k, d)).clone()
+    tangent = _lower(flat, geometry, c)
     for _ in range(iters):
-        assign = _pairwise(points, centres, geometry, c).argmin(dim=1)
-        for j in range(k):
-            members = assign == j
-            if members.any():
-                centres[j] = _lift(tangent[members].mean(0), geometry, c)
-    return centres
+        assign = _nearest(flat, centres, geometry, c)
+        sums = torch.zeros(b, k, d, dtype=flat.dtype).scatter_add_(
+            1, assign[..., None].expand(b, n, d), tangent)
+        counts = torch.zeros(b, k, dtype=flat.dtype).scatter_add_(
+            1, assign, torch.ones(b, n, dtype=flat.dtype))
+        mean = _lift(sums / counts.clamp_min(1)[..., None], geometry, c)
+        centres = torch.where(counts[..., None] > 0, mean, centres)
+    return centres.reshape(*batch, k, d)
 
 
 def fit_codebooks(z, sizes, geometry: str = "hyperbolic", c: float = 1.0, seed: int = 0,
-                  iters: int = 10) -> list[Tensor]:
+                  iters: int = 10, residual: str = "mobius") -> list[Tensor]:
     """Residual k-means without an encoder: layer ``l`` clusters the residuals ``r_l``.
 
     This is the codebook initialisation of :func:`train_tokenizer`, usable on its own as a
     training-free tokenizer of fixed latents ``z``.
     """
     geometry = _check_geometry(geometry)
+    residual = _check_residual(residual)
     sizes = check_sizes(sizes)
     c = check_curvature(c)
     z = check_in_ball(z, c, "z") if geometry == "hyperbolic" else _tensor(z, "z")
     gen = torch.Generator().manual_seed(seed)
-    residual, books = z.detach(), []
+    r, books = z.detach(), []
     for k in sizes:
-        centres = _kmeans(residual, k, geometry, c, gen, iters)
-        codes = _pairwise(residual, centres, geometry, c).argmin(1)
-        residual = _sub(residual, centres[codes], geometry, c)
+        centres = _kmeans(r, k, geometry, c, gen, iters)
+        codes = _nearest(r, centres, geometry, c)
+        r = _sub(r, _take(centres, codes), geometry, c, residual)
         books.append(centres)
     return books
 
@@ -313,6 +400,8 @@ class Tokenizer:
     latent: Tensor
     seconds: float
     losses: list[float]
+    residual: str = "mobius"
+    agreement: float = float("nan")
 
     @property
     def collision(self) -> float:
@@ -322,34 +411,57 @@ class Tokenizer:
     def perplexity(self) -> np.ndarray:
         return usage_perplexity(self.codes, self.sizes)
 
+    @property
+    def dead(self) -> np.ndarray:
+        return dead_codes(self.codes, self.sizes)
 
-class _RQVAE(nn.Module):
-    def __init__(self, d_in: int, hidden: int, latent: int, sizes, geometry: str, c: float,
-                 clip: float):
+
+def _linear(fan_in: int, fan_out: int, reps: int, gen: torch.Generator):
+    bound = 1.0 / fan_in**0.5
+    w = (torch.rand(reps, fan_in, fan_out, generator=gen) * 2 - 1) * bound
+    b = (torch.rand(reps, 1, fan_out, generator=gen) * 2 - 1) * bound
+    return nn.Parameter(w), nn.Parameter(b)
+
+
+class _StackedRQVAE(nn.Module):
+    """``R`` independent RQ-VAEs trained together: every weight has a leading replicate axis."""
+
+    def __init__(self, reps: int, d_in: int, hidden: int, latent: int, sizes, geometry: str,
+                 c: float, clip: float, residual: str, gen: torch.Generator):
         super().__init__()
-        self.geometry, self.c, self.clip = geometry, c, clip
-        self.enc = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, latent))
-        self.dec = nn.Sequential(nn.Linear(latent, hidden), nn.ReLU(), nn.Linear(hidden, d_in))
+        self.geometry, self.c, self.clip, self.residual = geometry, c, clip, residual
+        self.params = nn.ParameterList()
+        for fan_in, fan_out in ((d_in, hidden), (hidden, latent), (latent, hidden),
+                                (hidden, d_in)):
+            self.params.extend(_linear(fan_in, fan_out, reps, gen))
         # codebooks are stored in the tangent space at the origin (Euclidean: the codewords)
-        self.books = nn.ParameterList([nn.Parameter(torch.zeros(k, latent)) for k in sizes])
+        self.books = nn.ParameterList([nn.Parameter(torch.zeros(reps, k, latent))
+                                       for k in sizes])
+
+    def _mlp(self, x: Tensor, first: int) -> Tensor:
+        w1, b1, w2, b2 = self.params[first:first + 4]
+        return torch.baddbmm(b2, torch.relu(torch.baddbmm(b1, x, w1)), w2)
 
     def codewords(self) -> list[Tensor]:
         return [_lift(b, self.geometry, self.c) for b in self.books]
 
     def encode(self, x: Tensor) -> Tensor:
-        t = self.enc(x)
-        if self.geometry == "hyperbolic":  # feature clipping: tangent norm at most clip/sqrt(c)
+        t = self._mlp(x, 0)
+        if self.clip is not None:  # feature clipping: (tangent) norm at most clip/sqrt(c)
             norm = t.norm(dim=-1, keepdim=True).clamp_min(_MIN_NORM)
             t = t * (self.clip / self.c**0.5 / norm).clamp(max=1.0)
         return _lift(t, self.geometry, self.c)
 
+    def decode(self, t: Tensor) -> Tensor:
+        return self._mlp(t, 4)
+
     def forward(self, x: Tensor, beta: float):
         z = self.encode(x)
         books = self.codewords()
-        codes, residuals = _quantize(z, books, self.geometry, self.c)
+        codes, residuals = _quantize(z, books, self.geometry, self.c, self.residual)
         vq = x.new_zeros(())
         for level, book in enumerate(books):
-            q = book[codes[:, level]]
+            q = _take(book, codes[..., level])
             r = residuals[level]
             if self.geometry == "euclidean":
                 d_book = (r.detach() - q).pow(2).sum(-1)
@@ -357,63 +469,102 @@ class _RQVAE(nn.Module):
             else:
                 d_book = _dist(r.detach(), q, self.c).pow(2)
                 d_commit = _dist(r, q.detach(), self.c).pow(2)
-            vq = vq + d_book.mean() + beta * d_commit.mean()
-        zq = reconstruct(books, codes, self.geometry, self.c)
+            vq = vq + d_book.mean(-1).sum() + beta * d_commit.mean(-1).sum()
+        zq = _reconstruct(books, codes, self.geometry, self.c, None, self.residual)
         t, tq = _lower(z, self.geometry, self.c), _lower(zq, self.geometry, self.c)
         t_st = t + (tq - t).detach()  # straight-through in the tangent space at the origin
-        recon = (self.dec(t_st) - x).pow(2).sum(-1).mean()
+        recon = (self.decode(t_st) - x).pow(2).sum(-1).mean(-1).sum()
         return recon + vq, codes
 
 
-def train_tokenizer(x, sizes, geometry: str = "hyperbolic", *, c: float = 1.0, latent: int = 8,
-                    hidden: int = 64, epochs: int = 150, warmup: int = 30, lr: float = 3e-3,
-                    beta: float = 0.25, clip: float = 1.0, seed: int = 0) -> Tokenizer:
-    """Train an RQ-VAE tokenizer on item embeddings ``x`` (n, d) full batch; return its IDs.
+def _argmin_agreement(z: Tensor, books: list[Tensor], c: float, residual: str) -> Tensor:
+    """Per replicate: share of (item, layer) choices where the hyperbolic nearest codeword is
+    also the nearest in Euclidean distance of the tangent vectors (the same residual path)."""
+    codes, residuals = _quantize(z, books, "hyperbolic", c, residual)
+    agree = []
+    for level, book in enumerate(books):
+        t = _logmap0(residuals[level], c)
+        k_e = torch.cdist(t, _logmap0(book, c)).argmin(-1)
+        agree.append((k_e == codes[..., level]).float().mean(-1))
+    return torch.stack(agree, -1).mean(-1)
 
-    ``warmup`` epochs train the autoencoder alone; then each codebook is initialised by k-means
-    on that layer's residuals (:func:`residual_quantize` order) and everything trains jointly
-    with the codebook and commitment terms measured in the tokenizer's own distance. The clock
-    covers the whole training, so both geometries are timed at equal epochs.
+
+def train_tokenizers(x, sizes, geometry: str = "hyperbolic", *, residual: str = "mobius",
+                     c: float = 1.0, latent: int = 8, hidden: int = 64, epochs: int = 150,
+                     warmup: int = 30, lr: float = 3e-3, beta: float = 0.25,
+                     clip: float | None = 1.0, kmeans_init: bool = True,
+                     seed: int = 0) -> list[Tokenizer]:
+    """Train one RQ-VAE per catalogue of ``x`` (R, n, d), all at once; return their IDs.
+
+    The ``R`` models are independent (own weights, codebooks, k-means initialisation); stacking
+    them only batches the arithmetic. ``warmup`` epochs train the autoencoders alone; then each
+    codebook is initialised by k-means on that layer's residuals (or, with
+    ``kmeans_init=False``, by small random tangent vectors) and everything trains jointly with
+    the codebook and commitment terms measured in the tokenizer's own distance.
+    ``clip`` bounds the encoder's (tangent) output norm by ``clip/sqrt(c)``, so the latents stay
+    within hyperbolic radius ``2 clip/sqrt(c)`` of the origin: it sets how hyperbolic the used part
+    of the ball is. ``None`` (Euclidean only) leaves the encoder unclipped, as in TIGER.
+    ``Tokenizer.seconds`` is the wall time of the whole batch divided by ``R``.
     """
     geometry = _check_geometry(geometry)
+    residual = _check_residual(residual)
     sizes = check_sizes(sizes)
     c = check_curvature(c)
-    x = _tensor(torch.as_tensor(x, dtype=torch.float32), "x")
-    if x.ndim != 2 or x.shape[0] < 2:
-        raise ValueError("x must be an (n, d) matrix with n >= 2")
+    x = _tensor(torch.as_tensor(np.asarray(x), dtype=torch.float32), "x")
+    if x.ndim != 3 or x.shape[1] < 2:
+        raise ValueError("x must be an (R, n, d) stack of catalogues with n >= 2")
     check_count(epochs, "epochs", minimum=1)
     check_count(warmup, "warmup", minimum=0)
+    if clip is not None:
+        check_positive(clip, "clip")
+    elif geometry == "hyperbolic":
+        raise ValueError("a hyperbolic tokenizer needs a clip radius (latents stay in the ball)")
+    reps = x.shape[0]
     gen = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    model = _RQVAE(x.shape[1], hidden, latent, sizes, geometry, c, clip)
+    model = _StackedRQVAE(reps, x.shape[2], hidden, latent, sizes, geometry, c, clip, residual,
+                          gen)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     losses = []
     start = time.perf_counter()
     for _ in range(warmup):
         t = _lower(model.encode(x), geometry, c)
-        loss = (model.dec(t) - x).pow(2).sum(-1).mean()
+        loss = (model.decode(t) - x).pow(2).sum(-1).mean(-1).sum()
         opt.zero_grad()
         loss.backward()
         opt.step()
     with torch.no_grad():
-        residual = model.encode(x)
+        r = model.encode(x)
         for level, k in enumerate(sizes):
-            centres = _kmeans(residual, k, geometry, c, gen)
+            if kmeans_init:
+                centres = _kmeans(r, k, geometry, c, gen)
+            else:
+                centres = _lift(0.01 * torch.randn(reps, k, latent, generator=gen), geometry, c)
             model.books[level].copy_(_lower(centres, geometry, c))
-            codes = _pairwise(residual, centres, geometry, c).argmin(1)
-            residual = _sub(residual, centres[codes], geometry, c)
+            codes = _nearest(r, centres, geometry, c)
+            r = _sub(r, _take(centres, codes), geometry, c, residual)
     for _ in range(epochs):
         loss, _ = model(x, beta)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss.detach()))
-    seconds = time.perf_counter() - start
+        losses.append(float(loss.detach()) / reps)
+    seconds = (time.perf_counter() - start) / reps
     with torch.no_grad():
         z = model.encode(x)
         books = [b.detach() for b in model.codewords()]
-        codes, _ = _quantize(z, books, geometry, c)
-    return Tokenizer(geometry, sizes, codes.numpy(), books, z.detach(), seconds, losses)
+        codes, _ = _quantize(z, books, geometry, c, residual)
+        agree = (_argmin_agreement(z, books, c, residual) if geometry == "hyperbolic"
+                 else torch.full((reps,), float("nan")))
+    return [Tokenizer(geometry, sizes, codes[i].numpy(), [b[i] for b in books], z[i],
+                      seconds, losses, residual, float(agree[i])) for i in range(reps)]
+
+
+def train_tokenizer(x, sizes, geometry: str = "hyperbolic", **kw) -> Tokenizer:
+    """Train one RQ-VAE tokenizer on item embeddings ``x`` (n, d); see :func:`train_tokenizers`."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[0] < 2:
+        raise ValueError("x must be an (n, d) matrix with n >= 2")
+    return train_tokenizers(x[None], sizes, geometry, **kw)[0]
 
 
 # --- Data ------------------------------------------------------------------------------------
@@ -662,5 +813,5 @@ __all__ = [
     "logmap0",
     "make_catalogue", "make_examples", "mobius_add", "project", "ranking_metrics",
     "reconstruct", "residual_quantize", "train_recommender", "train_tokenizer",
-    "usage_perplexity",
+    "usage_perplexity", "RESIDUALS", "dead_codes", "pyramid", "train_tokenizers",
 ]
