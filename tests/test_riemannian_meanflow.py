@@ -299,3 +299,74 @@ def test_matched_norm_lookahead_has_the_current_state_norm():
     # the direction is the look-ahead direction in both cases
     cos = (g_plain * g_matched).sum(-1) / (g_plain.norm(dim=-1) * g_matched.norm(dim=-1))
     assert torch.allclose(cos, torch.ones_like(cos), atol=1e-8)
+
+
+def test_stacked_network_equals_its_units_and_the_plain_network():
+    """Unit i of the stacked network is FlowMapNet under manual_seed(seeds[i]), for both heads."""
+    seeds = [5, 17, 29]
+    x = rm.uniform_sphere(3 * 40, seed=4).float().reshape(3, 40, 3)
+    g = torch.Generator().manual_seed(0)
+    t = torch.rand(3, 40, generator=g) * 0.9
+    s = t + (1 - t) * torch.rand(3, 40, generator=g)
+    for head in ("velocity", "endpoint"):
+        stacked = rm.StackedFlowMapNet(seeds, hidden=16, depth=2, head=head)
+        out = stacked.average_velocity(x, t, s)
+        for i, seed in enumerate(seeds):
+            torch.manual_seed(seed)
+            plain = rm.FlowMapNet(hidden=16, depth=2, head=head)
+            expected = plain.average_velocity(x[i], t[i], s[i])
+            assert torch.allclose(out[i], expected, atol=1e-6)
+            assert torch.allclose(stacked.unit(i).average_velocity(x[i], t[i], s[i]), expected,
+                                  atol=1e-6)
+    with pytest.raises(ValueError, match="units"):
+        stacked.average_velocity(x[:2], t[:2], s[:2])
+
+
+def test_stacked_training_keeps_units_independent():
+    """A loss of one unit gives exactly zero gradient to every other unit's weights, so the sum of
+    the units' losses trains each unit as if it were alone; the trainer calls back at the
+    checkpoints and checks its inputs."""
+    data = torch.stack([rm.spiral(300, seed=i, dtype=torch.float32) for i in range(2)])
+    model = rm.StackedFlowMapNet([1, 2], hidden=16, depth=2)
+    g = torch.Generator().manual_seed(0)
+    batch = rm.make_batch(data.reshape(-1, 3)[:64], g, boundary_ratio=1.0)
+    batch = rm.Batch(*(f.reshape(2, 32, *f.shape[1:]) for f in (
+        batch.x0, batch.x1, batch.xt, batch.v, batch.t, batch.s, batch.r, batch.t_fm,
+        batch.xt_fm, batch.v_fm)))
+    # loss of unit 0 only: every gradient of unit 1 is exactly zero
+    err = model.velocity(batch.xt_fm, batch.t_fm)[0] - batch.v_fm[0]
+    (err**2).sum().backward()
+    for w in list(model.weights) + list(model.biases):
+        assert w.grad[0].abs().sum() > 0
+        assert torch.equal(w.grad[1], torch.zeros_like(w.grad[1]))
+    seen = []
+    result = rm.train_stacked(data, "semigroup", [1, 2], steps=40, batch_size=32, hidden=16,
+                              depth=2, checkpoints=(20, 40),
+                              callback=lambda step, m: seen.append(step))
+    assert np.isfinite(result.losses).all() and result.losses.shape == (40,)
+    assert seen == [20, 40]
+    with pytest.raises(ValueError, match="one seed per unit"):
+        rm.train_stacked(data, "rfm", [1], steps=2)
+
+
+def test_point_target_is_tight_and_hard_spiral_is_longer():
+    point = rm.point_target(2000, seed=0)
+    spread = rm.dist(point, rm.VMF_MEANS[0].expand(2000, 3))
+    assert float(spread.mean()) < 0.1
+    hard = rm.hard_spiral(2000, seed=0)
+    assert float(hard[:, 2].min()) < float(rm.spiral(2000, seed=0)[:, 2].min())
+    with pytest.raises(ValueError, match="polar"):
+        rm.spiral(10, polar=(0.5, 0.2))
+
+
+def test_one_euler_step_is_the_exact_flow_map_for_a_point_mass():
+    """The control's premise: towards a point mass m the marginal velocity is log_x(m)/(1 - t), so
+    one exponential-map Euler step from any time lands exactly on m, and the average velocity
+    u_{t,1} equals the velocity v_t (nothing for a flow map to learn beyond it)."""
+    x0 = rm.uniform_sphere(300, seed=3)
+    m = rm.VMF_MEANS[0].expand(300, 3).contiguous()
+    for t in (0.0, 0.3, 0.8):
+        xt = rm.geodesic(x0, m, t)
+        v = rm.conditional_velocity(xt, m, t)
+        landed = rm.expmap(xt, (1 - t) * v)
+        assert float(rm.dist(landed, m).max()) < 1e-7

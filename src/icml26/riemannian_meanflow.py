@@ -11,12 +11,15 @@ Chapter ``riemannian-meanflow`` of the book. The module has five parts.
   semigroup residual {eq}`eq-rmf-flow-map`, and :class:`RotationFlow`, an analytic
   non-autonomous rotation flow on which both hold exactly.
 * **Models**: :class:`FlowMapNet`, a small MLP with an average-velocity head or an endpoint
-  (x1-prediction) head ({eq}`eq-rmf-endpoint`), and its flow map {eq}`eq-rmf-flow-map-exp`.
+  (x1-prediction) head ({eq}`eq-rmf-endpoint`), and its flow map {eq}`eq-rmf-flow-map-exp`;
+  :class:`StackedFlowMapNet`, many independent copies evaluated with batched matrix products.
 * **Training**: :func:`flow_matching_loss` (the RFM baseline), :func:`eulerian_loss` and
-  :func:`semigroup_loss` (RMF), and :func:`train`.
+  :func:`semigroup_loss` (RMF), :func:`train` (one network) and :func:`train_stacked` (one
+  network per unit, all at once).
 * **Sampling and evaluation**: :func:`sample_flow_map` (RMF, n steps), :func:`sample_euler`
   (RFM, exp-map Euler), :func:`sample_guided` (reward look-ahead or current-state guidance),
-  the targets :func:`spiral` and :func:`vmf_mixture`, and :func:`mmd`.
+  the targets :func:`spiral`, :func:`hard_spiral`, :func:`vmf_mixture` and the point-like
+  control :func:`point_target`, and :func:`mmd`.
 """
 
 from __future__ import annotations
@@ -355,10 +358,11 @@ SPIRAL_POLAR = (0.1, 0.6)
 
 
 def spiral(n: int, *, turns: float = 1.5, noise: float = 0.08, seed: int = 0,
-           dtype=torch.float64) -> Tensor:
+           polar: tuple[float, float] = SPIRAL_POLAR, dtype=torch.float64) -> Tensor:
     """A noisy spiral on S^2 that winds down from near the north pole.
 
-    Draw tau ~ U(0, 1), polar angle pi (a + (b - a) tau) with (a, b) = :data:`SPIRAL_POLAR`,
+    Draw tau ~ U(0, 1), polar angle pi (a + (b - a) tau) with (a, b) = ``polar`` (default
+    :data:`SPIRAL_POLAR`),
     azimuth 2 pi turns tau, then move the point by exp_x of an isotropic tangent Gaussian with
     standard deviation ``noise``.
     """
@@ -368,7 +372,9 @@ def spiral(n: int, *, turns: float = 1.5, noise: float = 0.08, seed: int = 0,
         raise ValueError(f"noise must be a non-negative number, got {noise!r}")
     generator = torch.Generator().manual_seed(check_count(seed, "seed"))
     tau = torch.rand(n, generator=generator, dtype=torch.float64)
-    a, b = SPIRAL_POLAR
+    a, b = polar
+    if not 0 <= a < b <= 1:
+        raise ValueError(f"polar must be (a, b) with 0 <= a < b <= 1, got {polar!r}")
     polar = math.pi * (a + (b - a) * tau)
     azimuth = 2 * math.pi * turns * tau
     x = torch.stack([torch.sin(polar) * torch.cos(azimuth), torch.sin(polar) * torch.sin(azimuth),
@@ -377,9 +383,10 @@ def spiral(n: int, *, turns: float = 1.5, noise: float = 0.08, seed: int = 0,
     return expmap(x, eps).to(dtype)
 
 
-def spiral_point(tau: float, turns: float = 1.5) -> Tensor:
+def spiral_point(tau: float, turns: float = 1.5,
+                 polar: tuple[float, float] = SPIRAL_POLAR) -> Tensor:
     """The noise-free spiral point at parameter ``tau`` in [0, 1] (float64, shape (3,))."""
-    a, b = SPIRAL_POLAR
+    a, b = polar
     polar, azimuth = math.pi * (a + (b - a) * tau), 2 * math.pi * turns * tau
     return torch.tensor([math.sin(polar) * math.cos(azimuth), math.sin(polar) * math.sin(azimuth),
                          math.cos(polar)], dtype=torch.float64)
@@ -423,8 +430,38 @@ def vmf_mixture(n: int, *, kappa: float = 20.0, seed: int = 0, dtype=torch.float
     return out.to(dtype)
 
 
-TARGETS = {"spiral": spiral, "vmf": vmf_mixture}
-"""The chapter's two data distributions on S^2, by name."""
+HARD_SPIRAL = dict(turns=3.0, noise=0.05, polar=(0.1, 0.7))
+"""The harder spiral: three turns, tangent noise 0.05 rad, reaching well below the equator."""
+
+HARDEST_SPIRAL = dict(turns=5.0, noise=0.05, polar=(0.1, 0.9))
+"""Five turns from near the north to near the south pole: not learned at CPU scale."""
+
+
+def hard_spiral(n: int, *, seed: int = 0, dtype=torch.float64) -> Tensor:
+    """:func:`spiral` with :data:`HARD_SPIRAL`: thinner and longer than the default spiral."""
+    return spiral(n, seed=seed, dtype=dtype, **HARD_SPIRAL)
+
+
+def hardest_spiral(n: int, *, seed: int = 0, dtype=torch.float64) -> Tensor:
+    """:func:`spiral` with :data:`HARDEST_SPIRAL`: wound five times around the sphere."""
+    return spiral(n, seed=seed, dtype=dtype, **HARDEST_SPIRAL)
+
+
+def point_target(n: int, *, seed: int = 0, dtype=torch.float64) -> Tensor:
+    """A single tight von Mises-Fisher component (concentration 400, about 0.05 rad wide).
+
+    The falsification control: for a point mass the marginal flow from a uniform prior runs along
+    geodesics at constant speed, so one exponential-map Euler step is already the exact flow map
+    and a learned flow map has nothing to gain over it.
+    """
+    n = check_count(n, "n", 1)
+    generator = torch.Generator().manual_seed(check_count(seed, "seed"))
+    return sample_vmf(VMF_MEANS[0], 400.0, n, generator).to(dtype)
+
+
+TARGETS = {"spiral": spiral, "vmf": vmf_mixture, "hard spiral": hard_spiral,
+           "hardest spiral": hardest_spiral, "point": point_target}
+"""The chapter's data distributions on S^2, by name."""
 
 
 def vmf_kernel(x: Tensor, y: Tensor, h: float = 0.2) -> Tensor:
@@ -507,6 +544,79 @@ class FlowMapNet(nn.Module):
 
     def _flow_map(self, x: Tensor, t, s) -> Tensor:
         """:meth:`flow_map` without input checks (training and sampling loops)."""
+        return _jump(self.average_velocity, x, t, s)
+
+
+class StackedFlowMapNet(nn.Module):
+    """``units`` independent :class:`FlowMapNet` s evaluated at once with batched matrix products.
+
+    Unit ``i`` is initialised exactly as ``FlowMapNet`` under ``torch.manual_seed(seeds[i])`` and
+    keeps its own weights; inputs carry a leading unit axis, ``x`` of shape ``(units, B, dim)`` and
+    times of shape ``(units, B)`` (or numbers). A loss that is a sum over units trains the units
+    independently (Adam acts elementwise), so ``units`` models train for little more than the
+    cost of one on a CPU, where small networks are bound by per-operation overhead.
+    :meth:`unit` returns unit ``i`` as a plain :class:`FlowMapNet`.
+    """
+
+    def __init__(self, seeds, hidden: int = 128, depth: int = 3, head: str = "velocity",
+                 dim: int = 3, max_norm: float = math.pi - 0.1, frequencies: int = 3):
+        super().__init__()
+        seeds = [check_count(seed, "seed") for seed in seeds]
+        if not seeds:
+            raise ValueError("seeds must name at least one unit")
+        self.config = dict(hidden=hidden, depth=depth, head=head, dim=dim, max_norm=max_norm,
+                           frequencies=frequencies)
+        nets = []
+        for seed in seeds:
+            torch.manual_seed(seed)
+            nets.append(FlowMapNet(**self.config))
+        self.units, self.head, self.dim, self.max_norm = len(seeds), head, dim, nets[0].max_norm
+        self.register_buffer("freqs", nets[0].freqs.clone())
+        linears = [[m for m in net.net if isinstance(m, nn.Linear)] for net in nets]
+        self.weights = nn.ParameterList(
+            nn.Parameter(torch.stack([lin[k].weight.detach().T for lin in linears]))
+            for k in range(len(linears[0])))
+        self.biases = nn.ParameterList(
+            nn.Parameter(torch.stack([lin[k].bias.detach()[None] for lin in linears]))
+            for k in range(len(linears[0])))
+
+    def unit(self, i: int) -> FlowMapNet:
+        """Unit ``i`` as a stand-alone :class:`FlowMapNet` (a copy of its weights)."""
+        net = FlowMapNet(**self.config)
+        linears = [m for m in net.net if isinstance(m, nn.Linear)]
+        with torch.no_grad():
+            for lin, w, b in zip(linears, self.weights, self.biases, strict=True):
+                lin.weight.copy_(w[i].T)
+                lin.bias.copy_(b[i, 0])
+        return net.eval()
+
+    def average_velocity(self, x: Tensor, t, s) -> Tensor:
+        """u_{t,s}(x) per unit, as :meth:`FlowMapNet.average_velocity`; ``x`` is (units, B, dim)."""
+        if x.ndim != 3 or x.shape[0] != self.units:
+            raise ValueError(f"x must have shape (units={self.units}, B, dim), "
+                             f"got {tuple(x.shape)}")
+        t, s = _time(t, x, "t"), _time(s, x, "s")
+        gap = s - t
+        freqs = self.freqs.to(x.dtype)
+        angles = torch.cat([t[..., None] * freqs, gap[..., None] * freqs], -1)
+        h = torch.cat([x, t[..., None], gap[..., None], torch.sin(angles), torch.cos(angles)], -1)
+        last = len(self.weights) - 1
+        for k, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            h = torch.baddbmm(b, h, w)
+            if k < last:
+                h = nn.functional.silu(h)
+        if self.head == "endpoint":
+            return _log(x, projx(h)) / (1 - t).clamp_min(1e-3)[..., None]
+        u = proju(x, h)
+        r = torch.sqrt((u * u).sum(-1, keepdim=True) + 1e-12)
+        m = self.max_norm
+        return u * (m * torch.tanh(r / m) / r)
+
+    def velocity(self, x: Tensor, t) -> Tensor:
+        """The instantaneous velocity v_t(x) = u_{t,t}(x), per unit."""
+        return self.average_velocity(x, t, t)
+
+    def _flow_map(self, x: Tensor, t, s) -> Tensor:
         return _jump(self.average_velocity, x, t, s)
 
 
@@ -689,6 +799,68 @@ def train(data: Tensor, loss: str, *, steps: int = 2000, batch_size: int = 256, 
     if not np.all(np.isfinite(losses)):
         raise FloatingPointError(f"training with {loss} produced a non-finite loss")
     return TrainResult(model.eval(), losses, seconds)
+
+
+def train_stacked(data: Tensor, loss: str, seeds, *, steps: int = 2000, batch_size: int = 256,
+                  lr: float = 2e-3, head: str = "velocity", hidden: int = 128, depth: int = 3,
+                  boundary_ratio: float | None = None, checkpoints=(),
+                  callback: Callable | None = None) -> TrainResult:
+    """Train one :class:`StackedFlowMapNet` unit per row of ``data`` (shape (units, n, dim)).
+
+    Every unit gets its own initialisation (``seeds[i]``), its own mini-batches and prior draws
+    (from one generator seeded with ``seeds[0] + 7919``), and the same optimizer as :func:`train`
+    (Adam, cosine decay). The objective is the sum over units of each unit's loss, so the units
+    train independently. ``callback(step, model)`` runs after each step listed in
+    ``checkpoints`` (1-based step counts), e.g. to record an MMD-against-steps curve.
+    ``losses`` in the result is the mean loss over units at each step.
+    """
+    import time
+
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+    if not isinstance(data, Tensor) or data.ndim != 3:
+        raise ValueError("data must be a tensor of shape (units, n, dim)")
+    check_on_sphere(data, "data")
+    seeds = list(seeds)
+    if len(seeds) != data.shape[0]:
+        raise ValueError(f"need one seed per unit: {data.shape[0]} units, {len(seeds)} seeds")
+    steps, batch_size = check_count(steps, "steps", 1), check_count(batch_size, "batch_size", 1)
+    check_positive(lr, "lr")
+    units, n, dim = data.shape
+    model = StackedFlowMapNet(seeds, hidden=hidden, depth=depth, head=head, dim=dim)
+    generator = torch.Generator().manual_seed(seeds[0] + 7919)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+    objective = LOSSES[loss]
+    times, ratio = TIME_SETTINGS[loss]
+    if boundary_ratio is not None and loss != "rfm":
+        ratio = boundary_ratio
+    checkpoints = set(checkpoints)
+    offsets = (torch.arange(units) * n)[:, None]
+    flat = data.reshape(units * n, dim)
+    losses = np.empty(steps)
+    elapsed = 0.0
+    for step in range(steps):
+        start = time.perf_counter()
+        idx = (torch.randint(0, n, (units, batch_size), generator=generator) + offsets).flatten()
+        batch = make_batch(flat[idx], generator, boundary_ratio=ratio, times=times)
+        batch = Batch(*(f.reshape(units, batch_size, *f.shape[1:]) for f in
+                        (batch.x0, batch.x1, batch.xt, batch.v, batch.t, batch.s, batch.r,
+                         batch.t_fm, batch.xt_fm, batch.v_fm)))
+        per_unit = objective(model, batch) * units
+        optimizer.zero_grad()
+        per_unit.backward()
+        optimizer.step()
+        schedule.step()
+        elapsed += time.perf_counter() - start
+        losses[step] = float(per_unit.item()) / units
+        if callback is not None and step + 1 in checkpoints:
+            model.eval()
+            callback(step + 1, model)
+            model.train()
+    if not np.all(np.isfinite(losses)):
+        raise FloatingPointError(f"training with {loss} produced a non-finite loss")
+    return TrainResult(model.eval(), losses, elapsed / steps)
 
 
 # --- Sampling --------------------------------------------------------------------------------
