@@ -320,6 +320,11 @@ def test_stacked_network_equals_its_units_and_the_plain_network():
                                   atol=1e-6)
     with pytest.raises(ValueError, match="units"):
         stacked.average_velocity(x[:2], t[:2], s[:2])
+    part = stacked.subset([2, 0])
+    assert torch.allclose(part.average_velocity(x[[2, 0]], t[[2, 0]], s[[2, 0]]), out[[2, 0]],
+                          atol=1e-6)
+    with pytest.raises(ValueError, match="indices"):
+        stacked.subset([3])
 
 
 def test_stacked_training_keeps_units_independent():

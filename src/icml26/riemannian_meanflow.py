@@ -590,6 +590,22 @@ class StackedFlowMapNet(nn.Module):
                 lin.bias.copy_(b[i, 0])
         return net.eval()
 
+    def subset(self, indices) -> StackedFlowMapNet:
+        """The units ``indices`` (in that order) as a new stacked network (weights copied)."""
+        indices = [check_count(i, "index") for i in indices]
+        if not indices or max(indices) >= self.units:
+            raise ValueError(f"indices must name units in 0..{self.units - 1}")
+        new = StackedFlowMapNet.__new__(StackedFlowMapNet)
+        nn.Module.__init__(new)
+        new.config, new.units, new.head = dict(self.config), len(indices), self.head
+        new.dim, new.max_norm = self.dim, self.max_norm
+        new.register_buffer("freqs", self.freqs.clone())
+        new.weights = nn.ParameterList(nn.Parameter(w.detach()[indices].clone())
+                                       for w in self.weights)
+        new.biases = nn.ParameterList(nn.Parameter(b.detach()[indices].clone())
+                                      for b in self.biases)
+        return new.train(self.training)
+
     def average_velocity(self, x: Tensor, t, s) -> Tensor:
         """u_{t,s}(x) per unit, as :meth:`FlowMapNet.average_velocity`; ``x`` is (units, B, dim)."""
         if x.ndim != 3 or x.shape[0] != self.units:
