@@ -487,6 +487,14 @@ def mmd(x: Tensor, y: Tensor, h: float = 0.2) -> float:
 # --- Models ----------------------------------------------------------------------------------
 
 
+def _capped_tangent(x: Tensor, out: Tensor, max_norm: float) -> Tensor:
+    """The network output projected onto the tangent space at ``x``, its norm softly capped at
+    ``max_norm`` (``m tanh(|u| / m)``), shared by the plain and the stacked networks."""
+    u = proju(x, out)
+    r = torch.sqrt((u * u).sum(-1, keepdim=True) + 1e-12)
+    return u * (max_norm * torch.tanh(r / max_norm) / r)
+
+
 class FlowMapNet(nn.Module):
     """A small MLP that represents the average velocity u_{t,s}(x) on S^2.
 
@@ -528,11 +536,7 @@ class FlowMapNet(nn.Module):
         if self.head == "endpoint":
             x1_hat = projx(out)
             return _log(x, x1_hat) / (1 - t).clamp_min(1e-3)[:, None]
-        u = proju(x, out)
-        r2 = (u * u).sum(-1, keepdim=True)
-        r = torch.sqrt(r2 + 1e-12)
-        m = self.max_norm
-        return u * (m * torch.tanh(r / m) / r)
+        return _capped_tangent(x, out, self.max_norm)
 
     def velocity(self, x: Tensor, t) -> Tensor:
         """The instantaneous velocity v_t(x) = u_{t,t}(x)."""
@@ -623,10 +627,7 @@ class StackedFlowMapNet(nn.Module):
                 h = nn.functional.silu(h)
         if self.head == "endpoint":
             return _log(x, projx(h)) / (1 - t).clamp_min(1e-3)[..., None]
-        u = proju(x, h)
-        r = torch.sqrt((u * u).sum(-1, keepdim=True) + 1e-12)
-        m = self.max_norm
-        return u * (m * torch.tanh(r / m) / r)
+        return _capped_tangent(x, h, self.max_norm)
 
     def velocity(self, x: Tensor, t) -> Tensor:
         """The instantaneous velocity v_t(x) = u_{t,t}(x), per unit."""
