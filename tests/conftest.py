@@ -13,9 +13,10 @@ SMOKE_RECORDS: list[pipeline.RunRecord] = []
 
 @pytest.fixture(scope="session")
 def smoke_build(tmp_path_factory) -> tuple[list[pipeline.RunRecord], Path]:
-    """Execute every chapter at smoke tier (fresh, no shared cache) and render the strict book."""
+    """Execute every chapter at smoke tier (fresh, no shared cache), one at a time since their
+    times are measured, and render the strict book."""
     out_root = tmp_path_factory.mktemp("book")
-    records = pipeline.build("smoke", 0, out_root=out_root, report=print)
+    records = pipeline.build("smoke", 0, out_root=out_root, report=print, jobs=1)
     SMOKE_RECORDS.extend(records)
     return records, out_root / "_build" / "html"
 

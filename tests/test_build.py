@@ -56,6 +56,10 @@ print("transport", json.loads(get_connection_info())["transport"], "tcp", listen
 ```
 """
 
+# What sets the kernel's torch threads: unset, every chapter keeps its own default.
+THREADS_CELL = ("```{code-cell} ipython3\nimport os\n"
+                "print('threads', os.environ.get('ICML26_THREADS', 'chapter default'))\n```\n")
+
 # The third code cell raises; the text and cells after it quote a number never glued and refer
 # to a figure never drawn.
 BROKEN_CELLS = (
@@ -93,7 +97,7 @@ def small_book(tmp_path):
     chapters = root / "book" / "chapters"
     (chapters / "alpha.md").write_text(_chapter("Alpha", NO_TCP_CELL, CLAIMS))
     (chapters / "broken.md").write_text(_chapter("Broken", *BROKEN_CELLS))
-    (chapters / "gamma.md").write_text(_chapter("Gamma", CLAIMS))
+    (chapters / "gamma.md").write_text(_chapter("Gamma", THREADS_CELL, CLAIMS))
     toc = {"format": "jb-book", "root": "book/intro", "parts": [
         {"caption": "Part", "numbered": True, "chapters": [{"file": f"book/chapters/{s}"}
                                          for s in ("alpha", "broken", "gamma")]},
@@ -188,6 +192,7 @@ def test_parallel_jobs_give_the_same_book(small_book, tmp_path):
     assert sum("fresh run" in ln for ln in lines) == 2
     for slug in ("alpha", "gamma"):
         assert _outputs(serial, slug) == _outputs(parallel, slug)
+    assert "threads chapter default\n" in _outputs(parallel, "gamma")  # same numbers as serial
     serial_ledger = (serial / "_build" / "claims.json").read_text()
     assert serial_ledger == (parallel / "_build" / "claims.json").read_text()
 
@@ -221,11 +226,10 @@ def test_bad_build_options_fail_in_one_line_without_touching_the_cache(argv, rea
     assert not cache.exists() and not (tmp_path / "_build").exists()
 
 
-def test_default_jobs_use_half_the_cores(monkeypatch):
-    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 16)
-    assert pipeline.default_jobs() == 8
-    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 1)
-    assert pipeline.default_jobs() == 1
+@pytest.mark.parametrize(("cores", "jobs"), [(1, 1), (2, 2), (3, 2), (4, 2), (16, 8)])
+def test_default_jobs_use_half_the_cores_and_two_from_two_cores(monkeypatch, cores, jobs):
+    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: cores)
+    assert pipeline.default_jobs() == jobs
 
 
 def test_a_dask_worker_running_other_source_is_refused_before_any_chapter(tmp_path):

@@ -243,8 +243,8 @@ def test_ledger_renders_a_summary_forest_plots_and_rows(tmp_path):
     assert ledger.substitutions(book)["ledger_reproduced"] == "1"
     records = [pipeline.RunRecord(slug, "book", 0, seconds, {}, False, "k", "now")
                for slug, seconds in [("a", 10.0), ("b", 31.0)]]
-    assert pipeline.run_substitutions(records) == {
-        "build_chapters": "2", "build_tier": "book", "build_seconds": "41",
+    assert pipeline.run_substitutions(records, jobs=2) == {
+        "build_chapters": "2", "build_tier": "book", "build_jobs": "2", "build_seconds": "41",
         "build_mean_seconds": "20", "build_max_seconds": "31", "build_max_chapter": "b"}
     with pytest.raises(ValueError):
         pipeline.run_substitutions([])

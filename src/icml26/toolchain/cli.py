@@ -3,7 +3,7 @@
     icml26 list                                # chapters, parts, tiers and last runtimes
     icml26 run mod-test --tier smoke --seed 3  # execute one chapter into an .ipynb
     icml26 build --tier book                   # what `make book` calls
-    icml26 build --jobs 4                      # four chapters at once (default: cores / 2)
+    icml26 build --jobs 4                      # four chapters at once (default: cores/2, min 2)
     icml26 build --dask tcp://host:8786        # one task per chapter on a Dask cluster
     icml26 build --student                     # the student edition (solutions removed)
     icml26 export --student [SLUG ...]         # lab notebooks with stubs for the exercises
@@ -191,7 +191,7 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--out-root", help="folder that receives _build/ (default: the repository)")
     build.add_argument("--student", action="store_true",
                        help="render the student edition (solutions removed) instead")
-    build.add_argument("--jobs", help="chapters executed at once (default: half the cores)")
+    build.add_argument("--jobs", help="chapters executed at once (default: cores / 2, at least 2)")
     build.add_argument("--strict-claims", action="store_true",
                        help="also fail on an unexpected verdict or a fragile expected one")
     build.add_argument("--dask", metavar="ADDRESS",

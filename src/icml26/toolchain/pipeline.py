@@ -163,26 +163,23 @@ def cache_key(chapter: Chapter, tier: str, seed: int) -> str:
 # --- Execution ------------------------------------------------------------------------------
 
 
-def offline_kernel_env(threads: int | None = None) -> dict[str, str]:
+def offline_kernel_env() -> dict[str, str]:
     """The environment a chapter's or a submission's kernel runs in: this process's, plus the
-    socket guard on PYTHONPATH, hubs offline, OpenMP threads that sleep instead of spinning while
-    they wait, and, when given, the kernel's share of the cores (``ICML26_THREADS``, read by
-    ``icml26.core.configure_threads``)."""
+    socket guard on PYTHONPATH, hubs offline, and OpenMP threads that sleep instead of spinning
+    while they wait."""
     guard = str(Path(__file__).resolve().parent / "offline_guard")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [guard, env.get("PYTHONPATH")]))
     env.update({"ICML26_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see icml26/__init__.py
-    if threads is not None:
-        env["ICML26_THREADS"] = str(threads)
     return env
 
 
 @contextlib.contextmanager
-def _offline_kernel_environment(threads: int | None = None) -> Iterator[None]:
+def _offline_kernel_environment() -> Iterator[None]:
     """:func:`offline_kernel_env` in ``os.environ`` while papermill starts the kernel."""
     saved = dict(os.environ)
-    os.environ.update(offline_kernel_env(threads))
+    os.environ.update(offline_kernel_env())
     try:
         yield
     finally:
@@ -217,13 +214,13 @@ def validate_parameters(tier: str, seed: object) -> int:
 
 
 def execute_notebook(
-    source: Path, output: Path, tier: str, seed: int, label: str = "", threads: int | None = None,
-) -> float:
+    source: Path, output: Path, tier: str, seed: int, label: str = "") -> float:
     """Execute a MyST or ipynb notebook with papermill; return its wall-clock seconds.
 
-    The kernel talks over Unix sockets in a private directory (no TCP port) and gets ``threads``
-    threads when given. A cell that raises becomes a :class:`PipelineError` naming the notebook
-    and the cell.
+    The kernel talks over Unix sockets in a private directory (no TCP port) and keeps the
+    chapter's own thread count (``configure_threads``), however many notebooks run at once, so
+    a run's numbers do not depend on how it was scheduled. A cell that raises becomes a
+    :class:`PipelineError` naming the notebook and the cell.
     """
     notebook = read_source(source)
     if not any("parameters" in cell.metadata.get("tags", []) for cell in notebook.cells):
@@ -231,7 +228,7 @@ def execute_notebook(
     output.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     try:
-        with _offline_kernel_environment(threads), tempfile.TemporaryDirectory() as sockets:
+        with _offline_kernel_environment(), tempfile.TemporaryDirectory() as sockets:
             papermill.execute_notebook(
                 notebook, str(output), parameters={"TIER": tier, "SEED": seed},
                 kernel_name="python3", language="python", cwd=str(source.parent),
@@ -369,7 +366,7 @@ def run_chapter(
     return store_run(chapter, tier, seed, output, seconds, cache)
 
 
-def execute_chapter_task(slug: str, tier: str, seed: int, threads: int | None = None,
+def execute_chapter_task(slug: str, tier: str, seed: int,
                          root: str | None = None) -> tuple[float, bytes]:
     """Execute one chapter of the book at ``root`` (default: this checkout); return its seconds
     and the executed notebook.
@@ -380,8 +377,7 @@ def execute_chapter_task(slug: str, tier: str, seed: int, threads: int | None = 
     chapter = find_chapter(slug, Path(root) if root else ROOT)
     with tempfile.TemporaryDirectory() as folder:
         output = Path(folder) / f"{slug}.ipynb"
-        seconds = execute_notebook(chapter.source, output, tier, seed,
-                                   label=f"chapter {slug}", threads=threads)
+        seconds = execute_notebook(chapter.source, output, tier, seed, label=f"chapter {slug}")
         return seconds, output.read_bytes()
 
 
@@ -510,8 +506,10 @@ def _make_student_edition(stage: Path, selected: list[Chapter]) -> None:
 
 
 def default_jobs() -> int:
-    """Chapters executed at once by default: one per two cores, so each kernel gets two."""
-    return max(1, (os.cpu_count() or 1) // 2)
+    """Chapters executed at once by default: one per two cores, and two from two cores up (most
+    chapters keep one core busy, so a second chapter fills the other)."""
+    cores = os.cpu_count() or 1
+    return max(min(cores, 2), cores // 2)
 
 
 def validate_jobs(jobs: object) -> int:
@@ -591,8 +589,6 @@ def execute_chapters(
     order."""
     total = len(selected)
     position = {c.slug: i for i, c in enumerate(selected, start=1)}
-    # with several jobs each kernel gets its share of the cores; one job keeps chapters' defaults
-    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
     records: dict[str, RunRecord] = {}
 
     def output(chapter: Chapter) -> Path:
@@ -643,8 +639,8 @@ def execute_chapters(
         for chapter in pending:
             started(chapter)
             start = time.perf_counter()
-            finish(chapter, lambda c=chapter: execute_chapter_task(c.slug, tier, seed, threads,
-                                                                    str(root)), start)
+            finish(chapter, lambda c=chapter: execute_chapter_task(c.slug, tier, seed, str(root)),
+                   start)
     elif pending:
         pool = None if client else ProcessPoolExecutor(jobs, mp_context=get_context("spawn"))
         try:
@@ -655,8 +651,7 @@ def execute_chapters(
                     future = client.submit(execute_chapter_task, chapter.slug, tier, seed,
                                            pure=False)
                 else:
-                    future = pool.submit(execute_chapter_task, chapter.slug, tier, seed, threads,
-                                         str(root))
+                    future = pool.submit(execute_chapter_task, chapter.slug, tier, seed, str(root))
                 futures[future] = (chapter, time.perf_counter())
             completed = client_as_completed(client, futures) if client else as_completed(futures)
             for future in completed:
@@ -717,7 +712,7 @@ def build(
     _write_if_changed(stage / STATUS_TABLE, table)
     plots = ledger.write_forest_plots(book_ledger, stage)
     _write_if_changed(stage / ledger.LEDGER_TABLE, ledger.ledger_markdown(book_ledger, plots))
-    _add_substitutions(stage, ledger.substitutions(book_ledger) | run_substitutions(records))
+    _add_substitutions(stage, ledger.substitutions(book_ledger) | run_substitutions(records, jobs))
     if student:
         _make_student_edition(stage, selected)
     else:
@@ -745,15 +740,16 @@ def build(
     return records
 
 
-def run_substitutions(records: list[RunRecord]) -> dict[str, str]:
+def run_substitutions(records: list[RunRecord], jobs: int = 1) -> dict[str, str]:
     """What this build measured, for the building appendix (``{{ build_seconds }}``...): the
-    chapters, their tier, and their execution seconds in all, on average and at most (a cached
-    chapter counts the seconds its run took)."""
+    chapters, their tier, how many executed at once, and their execution seconds in all, on
+    average and at most (a cached chapter counts the seconds its run took)."""
     if not records:
         raise ValueError("no run records")
     slowest = max(records, key=lambda r: r.seconds)
     total = sum(r.seconds for r in records)
     return {"build_chapters": str(len(records)), "build_tier": records[0].tier,
+            "build_jobs": str(jobs),
             "build_seconds": f"{total:.0f}", "build_mean_seconds": f"{total / len(records):.0f}",
             "build_max_seconds": f"{slowest.seconds:.0f}", "build_max_chapter": slowest.slug}
 

@@ -7,7 +7,6 @@ verdict differs between seeds is marked: its design cannot decide it at this tie
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -66,7 +65,6 @@ def run_seeds(
                 report(f"{chapter.slug}, seed {seed}: cached")
             else:
                 pending.append((chapter, seed))
-    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
 
     def finish(chapter: Chapter, seed: int, run: Callable[[], tuple[float, bytes]]) -> None:
         output = _output(out_root, tier, seed, chapter.slug)
@@ -85,11 +83,11 @@ def run_seeds(
         for chapter, seed in pending:
             report(f"{chapter.slug}, seed {seed}: executing at {tier} tier")
             finish(chapter, seed, lambda c=chapter, s=seed: pipeline.execute_chapter_task(
-                c.slug, tier, s, threads, str(root)))
+                c.slug, tier, s, str(root)))
     elif pending:
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(pipeline.execute_chapter_task, c.slug, tier, s, threads,
-                                   str(root)): (c, s) for c, s in pending}
+            futures = {pool.submit(pipeline.execute_chapter_task, c.slug, tier, s, str(root)):
+                       (c, s) for c, s in pending}
             for chapter, seed in pending:
                 report(f"{chapter.slug}, seed {seed}: executing at {tier} tier")
             for future in as_completed(futures):
