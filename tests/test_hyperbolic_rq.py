@@ -203,3 +203,28 @@ def test_dead_codes_pyramid_and_clip():
         hr.train_tokenizer(x, (4,), "hyperbolic", clip=None, epochs=1)
     tok = hr.train_tokenizer(x, (4,), "euclidean", clip=0.5, epochs=2, warmup=1)
     assert float(tok.latent.norm(dim=-1).max()) <= 0.5 + 1e-6
+
+
+def test_vq_weight_scales_the_codebook_and_commitment_terms():
+    x = torch.from_numpy(hr.make_catalogue((3, 2, 2), 4, n_users=5, seed=0).features)[None]
+    for geometry, clip in (("euclidean", None), ("hyperbolic", 1.0)):
+        model = hr._StackedRQVAE(1, x.shape[2], 16, 4, (4, 3), geometry, 1.0, clip, "tangent",
+                                 torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            for book in model.books:
+                book.normal_(0, 0.1, generator=torch.Generator().manual_seed(1))
+            loss1, codes1, recon1 = model(x, 0.25, 1.0)
+            loss4, codes4, recon4 = model(x, 0.25, 4.0)
+        vq = loss1 - recon1.sum()
+        assert float(vq) > 0 and torch.equal(codes1, codes4) and torch.equal(recon1, recon4)
+        assert torch.allclose(loss4 - recon4.sum(), 4 * vq, rtol=1e-5)
+    xs = hr.make_catalogue((3, 2, 2), 4, n_users=5, seed=0).features
+    with pytest.raises(ValueError, match="vq_weight"):
+        hr.train_tokenizer(xs, (4,), "euclidean", vq_weight=0.0, epochs=1)
+    tok = hr.train_tokenizer(xs, (4, 3), "euclidean", clip=None, vq_weight=4.0, epochs=3,
+                             warmup=1, track_collisions=True)
+    assert tok.collisions.shape == (3,) and tok.reconstruction.shape == (3,)
+    assert hr.epochs_to_reach([0.5, 0.3, 0.2], 0.3) == 2.0
+    assert hr.epochs_to_reach([0.5, 0.4], 0.1) == float("inf")
+    codes = torch.tensor([[[0, 1], [0, 1], [1, 0]], [[0, 0], [1, 1], [2, 2]]])
+    assert np.allclose(hr._collision_rates(codes, (3, 3)), [1 / 3, 0.0])

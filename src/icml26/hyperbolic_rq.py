@@ -196,10 +196,13 @@ def _pairwise(r: Tensor, book: Tensor, geometry: str, c: float) -> Tensor:
 def _nearest(r: Tensor, book: Tensor, geometry: str, c: float) -> Tensor:
     """Index of the nearest codeword. In the ball ``cosh(sqrt(c) d_c(x, y)) - 1`` equals
     ``2c||x - y||^2 / ((1 - c||x||^2)(1 - c||y||^2))``, so the argmin over ``y`` of ``d_c`` is the
-    argmin of ``||x - y||^2 / (1 - c||y||^2)``: one ``cdist``, no pairwise Möbius addition."""
-    d2 = torch.cdist(r, book).pow(2)
+    argmin of ``||x - y||^2 / (1 - c||y||^2)``: one matrix product, no Möbius addition."""
+    b2 = book.pow(2).sum(-1)
+    # squared Euclidean distances by one matrix product (what cdist does for large inputs)
+    d2 = (r.pow(2).sum(-1, keepdim=True) - 2 * r @ book.transpose(-1, -2)
+          + b2[..., None, :]).clamp_min(0)
     if geometry == "hyperbolic":
-        d2 = d2 / (1 - c * book.pow(2).sum(-1)).clamp_min(_MIN_NORM)[..., None, :]
+        d2 = d2 / (1 - c * b2).clamp_min(_MIN_NORM)[..., None, :]
     return d2.argmin(dim=-1)
 
 
@@ -402,6 +405,8 @@ class Tokenizer:
     losses: list[float]
     residual: str = "mobius"
     agreement: float = float("nan")
+    collisions: np.ndarray | None = None
+    reconstruction: np.ndarray | None = None
 
     @property
     def collision(self) -> float:
@@ -455,7 +460,7 @@ class _StackedRQVAE(nn.Module):
     def decode(self, t: Tensor) -> Tensor:
         return self._mlp(t, 4)
 
-    def forward(self, x: Tensor, beta: float):
+    def forward(self, x: Tensor, beta: float, vq_weight: float = 1.0):
         z = self.encode(x)
         books = self.codewords()
         codes, residuals = _quantize(z, books, self.geometry, self.c, self.residual)
@@ -473,8 +478,8 @@ class _StackedRQVAE(nn.Module):
         zq = _reconstruct(books, codes, self.geometry, self.c, None, self.residual)
         t, tq = _lower(z, self.geometry, self.c), _lower(zq, self.geometry, self.c)
         t_st = t + (tq - t).detach()  # straight-through in the tangent space at the origin
-        recon = (self.decode(t_st) - x).pow(2).sum(-1).mean(-1).sum()
-        return recon + vq, codes
+        recon = (self.decode(t_st) - x).pow(2).sum(-1).mean(-1)
+        return recon.sum() + vq_weight * vq, codes, recon.detach()
 
 
 def _argmin_agreement(z: Tensor, books: list[Tensor], c: float, residual: str) -> Tensor:
@@ -493,6 +498,7 @@ def train_tokenizers(x, sizes, geometry: str = "hyperbolic", *, residual: str = 
                      c: float = 1.0, latent: int = 8, hidden: int = 64, epochs: int = 150,
                      warmup: int = 30, lr: float = 3e-3, beta: float = 0.25,
                      clip: float | None = 1.0, kmeans_init: bool = True,
+                     vq_weight: float = 1.0, track_collisions: bool = False,
                      seed: int = 0) -> list[Tokenizer]:
     """Train one RQ-VAE per catalogue of ``x`` (R, n, d), all at once; return their IDs.
 
@@ -515,6 +521,7 @@ def train_tokenizers(x, sizes, geometry: str = "hyperbolic", *, residual: str = 
         raise ValueError("x must be an (R, n, d) stack of catalogues with n >= 2")
     check_count(epochs, "epochs", minimum=1)
     check_count(warmup, "warmup", minimum=0)
+    check_positive(vq_weight, "vq_weight")
     if clip is not None:
         check_positive(clip, "clip")
     elif geometry == "hyperbolic":
@@ -524,7 +531,7 @@ def train_tokenizers(x, sizes, geometry: str = "hyperbolic", *, residual: str = 
     model = _StackedRQVAE(reps, x.shape[2], hidden, latent, sizes, geometry, c, clip, residual,
                           gen)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    losses = []
+    losses, history, recons = [], [], []
     start = time.perf_counter()
     for _ in range(warmup):
         t = _lower(model.encode(x), geometry, c)
@@ -543,11 +550,14 @@ def train_tokenizers(x, sizes, geometry: str = "hyperbolic", *, residual: str = 
             codes = _nearest(r, centres, geometry, c)
             r = _sub(r, _take(centres, codes), geometry, c, residual)
     for _ in range(epochs):
-        loss, _ = model(x, beta)
+        loss, codes, recon = model(x, beta, vq_weight)
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()) / reps)
+        if track_collisions:
+            history.append(_collision_rates(codes, sizes))
+            recons.append(recon.numpy())
     seconds = (time.perf_counter() - start) / reps
     with torch.no_grad():
         z = model.encode(x)
@@ -555,8 +565,31 @@ def train_tokenizers(x, sizes, geometry: str = "hyperbolic", *, residual: str = 
         codes, _ = _quantize(z, books, geometry, c, residual)
         agree = (_argmin_agreement(z, books, c, residual) if geometry == "hyperbolic"
                  else torch.full((reps,), float("nan")))
+    history = np.array(history).T if track_collisions else np.zeros((reps, 0))
+    recons = np.array(recons).T if track_collisions else np.zeros((reps, 0))
     return [Tokenizer(geometry, sizes, codes[i].numpy(), [b[i] for b in books], z[i],
-                      seconds, losses, residual, float(agree[i])) for i in range(reps)]
+                      seconds, losses, residual, float(agree[i]), history[i], recons[i])
+            for i in range(reps)]
+
+
+def _collision_rates(codes: Tensor, sizes) -> np.ndarray:
+    """Collision rate of each replicate's codes (R, n, L), one integer key per tuple."""
+    key = np.zeros(codes.shape[:2], dtype=np.int64)
+    for level, k in enumerate(sizes):
+        key = key * k + codes[..., level].numpy()
+    key.sort(axis=1)
+    distinct = 1 + (np.diff(key, axis=1) != 0).sum(1)
+    return 1.0 - distinct / codes.shape[1]
+
+
+def epochs_to_reach(values, target: float) -> float:
+    """First epoch (1-based) whose value (a per-epoch history such as ``Tokenizer.collisions`` or
+    ``Tokenizer.reconstruction``) is at most ``target``; ``inf`` if none is."""
+    values = np.asarray(values, dtype=float)
+    if values.ndim != 1 or values.size == 0:
+        raise ValueError("values must be a non-empty 1-D history (track_collisions=True)")
+    hit = np.flatnonzero(values <= target)
+    return float(hit[0] + 1) if hit.size else float("inf")
 
 
 def train_tokenizer(x, sizes, geometry: str = "hyperbolic", **kw) -> Tokenizer:
@@ -814,4 +847,5 @@ __all__ = [
     "make_catalogue", "make_examples", "mobius_add", "project", "ranking_metrics",
     "reconstruct", "residual_quantize", "train_recommender", "train_tokenizer",
     "usage_perplexity", "RESIDUALS", "dead_codes", "pyramid", "train_tokenizers",
+    "epochs_to_reach",
 ]
