@@ -13,8 +13,10 @@ Chapter ``hyperbolic-rq`` of the book. The module has five parts.
   replicate axis and trained at once) and :func:`train_tokenizer` (one): MLP encoder and decoder
   with a clipped encoder output (the clip radius), codebooks in the tangent space at the origin
   mapped by ``expmap0``, straight-through estimator in the tangent space, any per-layer codebook
-  sizes (uniform or :func:`pyramid`), and the Möbius (HRQ) or tangent (HG-Rec) residual.
-  :func:`dead_codes` counts unused codewords per layer.
+  sizes (uniform or :func:`pyramid`), the Möbius (HRQ) or tangent (HG-Rec) residual, and a
+  weight on the codebook and commitment terms (``vq_weight``; 4 matches a Euclidean tokenizer to
+  the ball's weight near the origin). :func:`dead_codes` counts unused codewords per layer;
+  :func:`epochs_to_reach` reads a per-epoch history (collisions or reconstruction error).
 * **Data**: :func:`make_catalogue` (items on a known three-level tree, sessions as walks on it).
 * **Recommender**: :class:`SemanticIdRecommender` (a GRU over the semantic IDs of the history, a
   GRU-cell decoder over the next item's tokens), :func:`build_trie`, :func:`beam_search`
