@@ -10,7 +10,9 @@ Chapter ``hyperbolic-rq`` of the book. The module has five parts.
   {eq}`eq-hrq-rq` or hyperbolic {eq}`eq-hrq-hrq`), :func:`reconstruct` {eq}`eq-hrq-recon`,
   :func:`collision_rate` and :func:`usage_perplexity`.
 * **Tokenizers**: :func:`train_tokenizers` (``R`` independent RQ-VAEs stacked on a leading
-  replicate axis and trained at once) and :func:`train_tokenizer` (one): MLP encoder and decoder
+  replicate axis and trained at once), :func:`train_tokenizers_clips` (the same at several clip
+  radii in one stack, with the same initial weights per radius) and :func:`train_tokenizer`
+  (one): MLP encoder and decoder
   with a clipped encoder output (the clip radius), codebooks in the tangent space at the origin
   mapped by ``expmap0``, straight-through estimator in the tangent space, any per-layer codebook
   sizes (uniform or :func:`pyramid`), the Möbius (HRQ) or tangent (HG-Rec) residual, and a
