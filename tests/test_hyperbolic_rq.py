@@ -203,3 +203,68 @@ def test_dead_codes_pyramid_and_clip():
         hr.train_tokenizer(x, (4,), "hyperbolic", clip=None, epochs=1)
     tok = hr.train_tokenizer(x, (4,), "euclidean", clip=0.5, epochs=2, warmup=1)
     assert float(tok.latent.norm(dim=-1).max()) <= 0.5 + 1e-6
+
+
+def test_vq_weight_scales_the_codebook_and_commitment_terms():
+    x = torch.from_numpy(hr.make_catalogue((3, 2, 2), 4, n_users=5, seed=0).features)[None]
+    for geometry, clip in (("euclidean", None), ("hyperbolic", 1.0)):
+        model = hr._StackedRQVAE(1, x.shape[2], 16, 4, (4, 3), geometry, 1.0, clip, "tangent",
+                                 torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            for book in model.books:
+                book.normal_(0, 0.1, generator=torch.Generator().manual_seed(1))
+            loss1, codes1, recon1 = model(x, 0.25, 1.0)
+            loss4, codes4, recon4 = model(x, 0.25, 4.0)
+        vq = loss1 - recon1.sum()
+        assert float(vq) > 0 and torch.equal(codes1, codes4) and torch.equal(recon1, recon4)
+        assert torch.allclose(loss4 - recon4.sum(), 4 * vq, rtol=1e-5)
+    xs = hr.make_catalogue((3, 2, 2), 4, n_users=5, seed=0).features
+    with pytest.raises(ValueError, match="vq_weight"):
+        hr.train_tokenizer(xs, (4,), "euclidean", vq_weight=0.0, epochs=1)
+    tok = hr.train_tokenizer(xs, (4, 3), "euclidean", clip=None, vq_weight=4.0, epochs=3,
+                             warmup=1, track_collisions=True)
+    assert tok.collisions.shape == (3,) and tok.reconstruction.shape == (3,)
+    assert hr.epochs_to_reach([0.5, 0.3, 0.2], 0.3) == 2.0
+    assert hr.epochs_to_reach([0.5, 0.4], 0.1) == float("inf")
+    codes = torch.tensor([[[0, 1], [0, 1], [1, 0]], [[0, 0], [1, 1], [2, 2]]])
+    assert np.allclose(hr._collision_rates(codes, (3, 3)), [1 / 3, 0.0])
+
+
+def test_clip_grid_equals_separate_runs():
+    cats = [hr.make_catalogue((3, 2, 2), 4, n_users=5, seed=s) for s in (0, 1)]
+    x = np.stack([c.features for c in cats])
+    for geometry, residual, clips in (("euclidean", "mobius", (None, 0.5)),
+                                      ("hyperbolic", "tangent", (0.5, 2.0))):
+        grid = hr.train_tokenizers_clips(x, (4, 3), geometry, clips=clips, residual=residual,
+                                         epochs=6, warmup=3, seed=4)
+        for clip in clips:
+            alone = hr.train_tokenizers(x, (4, 3), geometry, clip=clip, residual=residual,
+                                        epochs=6, warmup=3, seed=4)
+            for a, b in zip(grid[clip], alone, strict=True):
+                assert np.array_equal(a.codes, b.codes)
+                assert torch.allclose(a.latent, b.latent, atol=1e-6)
+    with pytest.raises(ValueError, match="distinct"):
+        hr.train_tokenizers_clips(x, (4,), "euclidean", clips=(1.0, 1.0), epochs=1)
+
+
+def test_tangent_forward_matches_the_generic_loss():
+    """The tangent-space shortcut of the training step gives the loss of the written-out
+    objective: codes by residual_quantize, codebook + beta * commitment distances, reconstruction
+    through the straight-through tangent vector."""
+    x = torch.as_tensor(hr.make_catalogue((3, 2, 2), 4, n_users=5, seed=0).features)[None]
+    model = hr._StackedRQVAE(1, x.shape[2], 16, 4, (4, 3), "hyperbolic", 1.0, 1.0, "tangent",
+                             torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for book in model.books:
+            book.normal_(0, 0.3)
+    loss, codes, _ = model(x, 0.25, 2.0)
+    z = model.encode(x)
+    books = model.codewords()
+    ref_codes, residuals = hr.residual_quantize(z[0], [b[0] for b in books], "hyperbolic", 1.0,
+                                                residual="tangent")
+    assert torch.equal(codes[0], ref_codes)
+    vq = sum((1.25 * hr.dist(r, b[0][k], 1.0).pow(2)).mean()
+             for r, b, k in zip(residuals[:-1], books, ref_codes.T, strict=True))
+    tq = sum(model.books[level][0][k] for level, k in enumerate(ref_codes.T))
+    recon = (model.decode(tq[None]) - x).pow(2).sum(-1).mean()
+    assert torch.allclose(loss, recon + 2.0 * vq, rtol=1e-5)

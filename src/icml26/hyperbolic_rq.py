@@ -10,11 +10,15 @@ Chapter ``hyperbolic-rq`` of the book. The module has five parts.
   {eq}`eq-hrq-rq` or hyperbolic {eq}`eq-hrq-hrq`), :func:`reconstruct` {eq}`eq-hrq-recon`,
   :func:`collision_rate` and :func:`usage_perplexity`.
 * **Tokenizers**: :func:`train_tokenizers` (``R`` independent RQ-VAEs stacked on a leading
-  replicate axis and trained at once) and :func:`train_tokenizer` (one): MLP encoder and decoder
+  replicate axis and trained at once), :func:`train_tokenizers_clips` (the same at several clip
+  radii in one stack, with the same initial weights per radius) and :func:`train_tokenizer`
+  (one): MLP encoder and decoder
   with a clipped encoder output (the clip radius), codebooks in the tangent space at the origin
   mapped by ``expmap0``, straight-through estimator in the tangent space, any per-layer codebook
-  sizes (uniform or :func:`pyramid`), and the Möbius (HRQ) or tangent (HG-Rec) residual.
-  :func:`dead_codes` counts unused codewords per layer.
+  sizes (uniform or :func:`pyramid`), the Möbius (HRQ) or tangent (HG-Rec) residual, and a
+  weight on the codebook and commitment terms (``vq_weight``; 4 matches a Euclidean tokenizer to
+  the ball's weight near the origin). :func:`dead_codes` counts unused codewords per layer;
+  :func:`epochs_to_reach` reads a per-epoch history (collisions or reconstruction error).
 * **Data**: :func:`make_catalogue` (items on a known three-level tree, sessions as walks on it).
 * **Recommender**: :class:`SemanticIdRecommender` (a GRU over the semantic IDs of the history, a
   GRU-cell decoder over the next item's tokens), :func:`build_trie`, :func:`beam_search`
@@ -23,6 +27,7 @@ Chapter ``hyperbolic-rq`` of the book. The module has five parts.
 
 from __future__ import annotations
 
+import math
 import numbers
 import time
 from dataclasses import dataclass
@@ -196,11 +201,20 @@ def _pairwise(r: Tensor, book: Tensor, geometry: str, c: float) -> Tensor:
 def _nearest(r: Tensor, book: Tensor, geometry: str, c: float) -> Tensor:
     """Index of the nearest codeword. In the ball ``cosh(sqrt(c) d_c(x, y)) - 1`` equals
     ``2c||x - y||^2 / ((1 - c||x||^2)(1 - c||y||^2))``, so the argmin over ``y`` of ``d_c`` is the
-    argmin of ``||x - y||^2 / (1 - c||y||^2)``: one ``cdist``, no pairwise Möbius addition."""
-    d2 = torch.cdist(r, book).pow(2)
+    argmin of ``||x - y||^2 / (1 - c||y||^2)``: no Möbius addition. With ``w = 1/(1 - c||y||^2)``
+    (``1`` in Euclidean space) the score ``w||x||^2 + w||y||^2 - 2w x.y`` is one matrix product of
+    ``[x, ||x||^2, 1]`` with ``[-2wy, w, w||y||^2]``; in Euclidean space the ``||x||^2`` column is
+    left out, since it is the same for every codeword."""
+    b2 = book.pow(2).sum(-1, keepdim=True)
+    ones = torch.ones_like(r[..., :1])
     if geometry == "hyperbolic":
-        d2 = d2 / (1 - c * book.pow(2).sum(-1)).clamp_min(_MIN_NORM)[..., None, :]
-    return d2.argmin(dim=-1)
+        w = 1 / (1 - c * b2).clamp_min(_MIN_NORM)
+        left = torch.cat([r, r.pow(2).sum(-1, keepdim=True), ones], -1)
+        right = torch.cat([-2 * w * book, w, w * b2], -1)
+    else:
+        left = torch.cat([r, ones], -1)
+        right = torch.cat([-2 * book, b2], -1)
+    return (left @ right.transpose(-1, -2)).argmin(dim=-1)
 
 
 def _take(book: Tensor, k: Tensor) -> Tensor:
@@ -344,16 +358,19 @@ def _lower(z: Tensor, geometry: str, c: float) -> Tensor:
 
 
 def _kmeans(points: Tensor, k: int, geometry: str, c: float, gen: torch.Generator,
-            iters: int = 10) -> Tensor:
+            iters: int = 10, groups: int = 1) -> Tensor:
     """Lloyd's k-means in the given geometry, batched over leading axes of ``points`` (..., n, d).
 
     Assignments use the geometry's distance; centroids are averaged in the tangent space at 0.
+    With ``groups > 1`` the leading axis holds ``groups`` copies of one stack, and every copy
+    starts from the same random points.
     """
     batch, (n, d) = points.shape[:-2], points.shape[-2:]
     flat = points.reshape(-1, n, d)
     b = flat.shape[0]
     idx = torch.stack([torch.randperm(n, generator=gen)[:k] if n >= k
-                       else torch.randint(n, (k,), generator=gen) for _ in range(b)])
+                       else torch.randint(n, (k,), generator=gen) for _ in range(b // groups)])
+    idx = idx.repeat(groups, 1)
     centres = torch.gather(flat, 1, idx[..., None].expand(b, k, d)).clone()
     tangent = _lower(flat, geometry, c)
     for _ in range(iters):
@@ -402,6 +419,8 @@ class Tokenizer:
     losses: list[float]
     residual: str = "mobius"
     agreement: float = float("nan")
+    collisions: np.ndarray | None = None
+    reconstruction: np.ndarray | None = None
 
     @property
     def collision(self) -> float:
@@ -445,36 +464,66 @@ class _StackedRQVAE(nn.Module):
     def codewords(self) -> list[Tensor]:
         return [_lift(b, self.geometry, self.c) for b in self.books]
 
-    def encode(self, x: Tensor) -> Tensor:
+    def encode_tangent(self, x: Tensor) -> Tensor:
+        """The encoder's output in the tangent space at the origin, after the clip."""
         t = self._mlp(x, 0)
         if self.clip is not None:  # feature clipping: (tangent) norm at most clip/sqrt(c)
             norm = t.norm(dim=-1, keepdim=True).clamp_min(_MIN_NORM)
-            t = t * (self.clip / self.c**0.5 / norm).clamp(max=1.0)
-        return _lift(t, self.geometry, self.c)
+            if isinstance(self.clip, Tensor):  # one radius per model, inf for unclipped ones
+                unclipped = torch.isinf(self.clip)
+                radius = torch.where(unclipped, 1.0, self.clip)
+                scale = torch.where(unclipped, 1.0, (radius / self.c**0.5 / norm).clamp(max=1.0))
+            else:
+                scale = (self.clip / self.c**0.5 / norm).clamp(max=1.0)
+            t = t * scale
+        return t
+
+    def encode(self, x: Tensor) -> Tensor:
+        return _lift(self.encode_tangent(x), self.geometry, self.c)
 
     def decode(self, t: Tensor) -> Tensor:
         return self._mlp(t, 4)
 
-    def forward(self, x: Tensor, beta: float):
-        z = self.encode(x)
-        books = self.codewords()
-        codes, residuals = _quantize(z, books, self.geometry, self.c, self.residual)
+    def _vq(self, r: Tensor, q: Tensor, beta: float) -> Tensor:
+        """Codebook term ``d(sg r, q)^2`` plus ``beta`` times the commitment term
+        ``d(r, sg q)^2``, summed over replicates. In the ball both come from one distance: its
+        value is used once, the gradient reaching ``r`` is scaled by ``beta`` (same gradients
+        as two separate terms, one Möbius addition instead of two)."""
+        if self.geometry == "euclidean":
+            d_book = (r.detach() - q).pow(2).sum(-1)
+            d_commit = (r - q.detach()).pow(2).sum(-1)
+            return d_book.mean(-1).sum() + beta * d_commit.mean(-1).sum()
+        r_scaled = r.detach() + beta * (r - r.detach())  # value r, gradient times beta
+        d2 = _dist(r_scaled, q, self.c).pow(2).mean(-1).sum()
+        return d2 + beta * d2.detach()
+
+    def forward(self, x: Tensor, beta: float, vq_weight: float = 1.0):
+        t = self.encode_tangent(x)
         vq = x.new_zeros(())
-        for level, book in enumerate(books):
-            q = _take(book, codes[..., level])
-            r = residuals[level]
-            if self.geometry == "euclidean":
-                d_book = (r.detach() - q).pow(2).sum(-1)
-                d_commit = (r - q.detach()).pow(2).sum(-1)
-            else:
-                d_book = _dist(r.detach(), q, self.c).pow(2)
-                d_commit = _dist(r, q.detach(), self.c).pow(2)
-            vq = vq + d_book.mean(-1).sum() + beta * d_commit.mean(-1).sum()
-        zq = _reconstruct(books, codes, self.geometry, self.c, None, self.residual)
-        t, tq = _lower(z, self.geometry, self.c), _lower(zq, self.geometry, self.c)
+        if self.geometry == "hyperbolic" and self.residual == "tangent":
+            # everything in the tangent space at 0: r_l = exp0(t_l), t_{l+1} = t_l - b_{l,k_l}
+            # (the codebooks are stored as tangent vectors, so no log0 of exp0 round trips)
+            tl, tq, codes = t, 0, []
+            for tangent_book in self.books:
+                book = _expmap0(tangent_book, self.c)
+                r = _expmap0(tl, self.c)
+                k = _nearest(r.detach(), book.detach(), self.geometry, self.c)
+                vq = vq + self._vq(r, _take(book, k), beta)
+                b = _take(tangent_book, k)
+                tl, tq = tl - b, tq + b
+                codes.append(k)
+            codes = torch.stack(codes, dim=-1)
+        else:
+            z = _lift(t, self.geometry, self.c)
+            books = self.codewords()
+            codes, residuals = _quantize(z, books, self.geometry, self.c, self.residual)
+            for level, book in enumerate(books):
+                vq = vq + self._vq(residuals[level], _take(book, codes[..., level]), beta)
+            zq = _reconstruct(books, codes, self.geometry, self.c, None, self.residual)
+            tq = _lower(zq, self.geometry, self.c)
         t_st = t + (tq - t).detach()  # straight-through in the tangent space at the origin
-        recon = (self.decode(t_st) - x).pow(2).sum(-1).mean(-1).sum()
-        return recon + vq, codes
+        recon = (self.decode(t_st) - x).pow(2).sum(-1).mean(-1)
+        return recon.sum() + vq_weight * vq, codes, recon.detach()
 
 
 def _argmin_agreement(z: Tensor, books: list[Tensor], c: float, residual: str) -> Tensor:
@@ -489,11 +538,8 @@ def _argmin_agreement(z: Tensor, books: list[Tensor], c: float, residual: str) -
     return torch.stack(agree, -1).mean(-1)
 
 
-def train_tokenizers(x, sizes, geometry: str = "hyperbolic", *, residual: str = "mobius",
-                     c: float = 1.0, latent: int = 8, hidden: int = 64, epochs: int = 150,
-                     warmup: int = 30, lr: float = 3e-3, beta: float = 0.25,
-                     clip: float | None = 1.0, kmeans_init: bool = True,
-                     seed: int = 0) -> list[Tokenizer]:
+def train_tokenizers(x, sizes, geometry: str = "hyperbolic", *, clip: float | None = 1.0,
+                     **kw) -> list[Tokenizer]:
     """Train one RQ-VAE per catalogue of ``x`` (R, n, d), all at once; return their IDs.
 
     The ``R`` models are independent (own weights, codebooks, k-means initialisation); stacking
@@ -506,6 +552,22 @@ def train_tokenizers(x, sizes, geometry: str = "hyperbolic", *, residual: str = 
     of the ball is. ``None`` (Euclidean only) leaves the encoder unclipped, as in TIGER.
     ``Tokenizer.seconds`` is the wall time of the whole batch divided by ``R``.
     """
+    return train_tokenizers_clips(x, sizes, geometry, clips=(clip,), **kw)[clip]
+
+
+def train_tokenizers_clips(x, sizes, geometry: str = "hyperbolic", *, clips=(1.0,),
+                           residual: str = "mobius", c: float = 1.0, latent: int = 8,
+                           hidden: int = 64, epochs: int = 150, warmup: int = 30,
+                           lr: float = 3e-3, beta: float = 0.25, kmeans_init: bool = True,
+                           vq_weight: float = 1.0, track_collisions: bool = False,
+                           seed: int = 0) -> dict:
+    """:func:`train_tokenizers` at several clip radii at once: ``{clip: list of R Tokenizers}``.
+
+    Each radius gets the same initial weights and k-means starting points for catalogue ``r``
+    as a separate call with the same ``seed`` would (common random numbers across radii); the
+    ``len(clips) * R`` models are independent and only share the arithmetic of one stacked model.
+    ``Tokenizer.seconds`` is then the wall time divided by ``len(clips) * R``.
+    """
     geometry = _check_geometry(geometry)
     residual = _check_residual(residual)
     sizes = check_sizes(sizes)
@@ -515,20 +577,36 @@ def train_tokenizers(x, sizes, geometry: str = "hyperbolic", *, residual: str = 
         raise ValueError("x must be an (R, n, d) stack of catalogues with n >= 2")
     check_count(epochs, "epochs", minimum=1)
     check_count(warmup, "warmup", minimum=0)
-    if clip is not None:
-        check_positive(clip, "clip")
-    elif geometry == "hyperbolic":
-        raise ValueError("a hyperbolic tokenizer needs a clip radius (latents stay in the ball)")
-    reps = x.shape[0]
+    check_positive(vq_weight, "vq_weight")
+    clips = tuple(clips)
+    if not clips or len(set(clips)) != len(clips):
+        raise ValueError("clips must be a non-empty sequence of distinct radii")
+    for clip in clips:
+        if clip is not None:
+            check_positive(clip, "clip")
+        elif geometry == "hyperbolic":
+            raise ValueError("a hyperbolic tokenizer needs a clip radius (latents stay in the "
+                             "ball)")
+    base, groups = x.shape[0], len(clips)
+    reps = base * groups
     gen = torch.Generator().manual_seed(seed)
-    model = _StackedRQVAE(reps, x.shape[2], hidden, latent, sizes, geometry, c, clip, residual,
-                          gen)
+    if clips == (None,):
+        clip_t = None
+    else:  # one radius per stacked model; None (unclipped) as an infinite radius
+        clip_t = torch.tensor([math.inf if r is None else float(r) for r in clips])
+        clip_t = clip_t.repeat_interleave(base)[:, None, None]
+    model = _StackedRQVAE(base, x.shape[2], hidden, latent, sizes, geometry, c, clip_t,
+                          residual, gen)
+    if groups > 1:  # the same initial weights for every radius
+        with torch.no_grad():
+            for p in model.parameters():
+                p.data = p.data.repeat(groups, 1, 1)
+        x = x.repeat(groups, 1, 1)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    losses = []
+    losses, history, recons = [], [], []
     start = time.perf_counter()
     for _ in range(warmup):
-        t = _lower(model.encode(x), geometry, c)
-        loss = (model.decode(t) - x).pow(2).sum(-1).mean(-1).sum()
+        loss = (model.decode(model.encode_tangent(x)) - x).pow(2).sum(-1).mean(-1).sum()
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -536,18 +614,22 @@ def train_tokenizers(x, sizes, geometry: str = "hyperbolic", *, residual: str = 
         r = model.encode(x)
         for level, k in enumerate(sizes):
             if kmeans_init:
-                centres = _kmeans(r, k, geometry, c, gen)
+                centres = _kmeans(r, k, geometry, c, gen, groups=groups)
             else:
-                centres = _lift(0.01 * torch.randn(reps, k, latent, generator=gen), geometry, c)
+                start_t = 0.01 * torch.randn(base, k, latent, generator=gen)
+                centres = _lift(start_t.repeat(groups, 1, 1), geometry, c)
             model.books[level].copy_(_lower(centres, geometry, c))
             codes = _nearest(r, centres, geometry, c)
             r = _sub(r, _take(centres, codes), geometry, c, residual)
     for _ in range(epochs):
-        loss, _ = model(x, beta)
+        loss, codes, recon = model(x, beta, vq_weight)
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()) / reps)
+        if track_collisions:
+            history.append(_collision_rates(codes, sizes))
+            recons.append(recon.numpy())
     seconds = (time.perf_counter() - start) / reps
     with torch.no_grad():
         z = model.encode(x)
@@ -555,8 +637,32 @@ def train_tokenizers(x, sizes, geometry: str = "hyperbolic", *, residual: str = 
         codes, _ = _quantize(z, books, geometry, c, residual)
         agree = (_argmin_agreement(z, books, c, residual) if geometry == "hyperbolic"
                  else torch.full((reps,), float("nan")))
-    return [Tokenizer(geometry, sizes, codes[i].numpy(), [b[i] for b in books], z[i],
-                      seconds, losses, residual, float(agree[i])) for i in range(reps)]
+    history = np.array(history).T if track_collisions else np.zeros((reps, 0))
+    recons = np.array(recons).T if track_collisions else np.zeros((reps, 0))
+    out = [Tokenizer(geometry, sizes, codes[i].numpy(), [b[i] for b in books], z[i],
+                     seconds, losses, residual, float(agree[i]), history[i], recons[i])
+           for i in range(reps)]
+    return {clip: out[g * base:(g + 1) * base] for g, clip in enumerate(clips)}
+
+
+def _collision_rates(codes: Tensor, sizes) -> np.ndarray:
+    """Collision rate of each replicate's codes (R, n, L), one integer key per tuple."""
+    key = np.zeros(codes.shape[:2], dtype=np.int64)
+    for level, k in enumerate(sizes):
+        key = key * k + codes[..., level].numpy()
+    key.sort(axis=1)
+    distinct = 1 + (np.diff(key, axis=1) != 0).sum(1)
+    return 1.0 - distinct / codes.shape[1]
+
+
+def epochs_to_reach(values, target: float) -> float:
+    """First epoch (1-based) whose value (a per-epoch history such as ``Tokenizer.collisions`` or
+    ``Tokenizer.reconstruction``) is at most ``target``; ``inf`` if none is."""
+    values = np.asarray(values, dtype=float)
+    if values.ndim != 1 or values.size == 0:
+        raise ValueError("values must be a non-empty 1-D history (track_collisions=True)")
+    hit = np.flatnonzero(values <= target)
+    return float(hit[0] + 1) if hit.size else float("inf")
 
 
 def train_tokenizer(x, sizes, geometry: str = "hyperbolic", **kw) -> Tokenizer:
@@ -814,4 +920,5 @@ __all__ = [
     "make_catalogue", "make_examples", "mobius_add", "project", "ranking_metrics",
     "reconstruct", "residual_quantize", "train_recommender", "train_tokenizer",
     "usage_perplexity", "RESIDUALS", "dead_codes", "pyramid", "train_tokenizers",
+    "epochs_to_reach", "train_tokenizers_clips",
 ]
