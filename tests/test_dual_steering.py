@@ -223,3 +223,51 @@ def test_steering_accepts_one_target_ratio_per_context():
         ds.steer_to_ratio(G, lam0, w, base, target, ratio=np.full(3, 0.5))
     with pytest.raises(ValueError, match="strictly between"):
         ds.steer_to_ratio(G, lam0, w, base, target, ratio=np.array([0.5, 0.5, 1.2, 0.5]))
+
+
+def test_stacked_training_matches_one_model_per_seed():
+    lang = ds.BilingualLanguage(n_verbs=6, n_topics=2, seed=0)
+    single, losses = ds.train_bag_model(lang, d=4, steps=15, batch_size=32, seed=5)
+    models, stacked = ds.train_bag_models(lang, [5, 9], d=4, steps=15, batch_size=32)
+    assert stacked.shape == (15, 2)
+    assert np.allclose(models[0].G, single.G, atol=1e-5)
+    assert np.allclose(stacked[:, 0], losses, atol=1e-5)
+    with pytest.raises(ValueError):
+        ds.train_bag_models(lang, [1, 1], steps=2)
+
+
+def test_dual_md_pair_r2_and_spread_for_pair_r2():
+    G, _ = head(V=10, d=3, seed=7)
+    X = np.random.default_rng(0).standard_normal((20, 3))
+    y = np.r_[np.zeros(10), np.ones(10)].astype(int)
+    mu = ds.mean_parameter(G, X)
+    assert np.allclose(ds.dual_mean_difference_probe(G, X, y), mu[10:].mean(0) - mu[:10].mean(0))
+    base, target = np.array([0, 1, 2]), np.array([3, 4, 5])
+    r2 = ds.pair_r2(G, base, target)
+    assert np.isclose(ds.pair_r2(ds.pair_spread_head(G, base, target, 0.0), base, target), 1.0)
+    kappa = ds.spread_for_pair_r2(r2, 0.3)
+    assert np.isclose(ds.pair_r2(ds.pair_spread_head(G, base, target, kappa), base, target), 0.3)
+
+
+def test_reciprocal_rank_change_matches_a_direct_computation():
+    p0 = np.array([0.5, 0.1, 0.3, 0.1])
+    p = np.array([0.1, 0.4, 0.2, 0.3])
+    # pair (0, 1) merged: q0 = [0.6, 0.3, 0.1], q = [0.5, 0.2, 0.3]; ranks 1,2,3 -> 1,3,2
+    expect = 0.6 * 0 + 0.3 * abs(1 / 3 - 1 / 2) + 0.1 * abs(1 / 2 - 1 / 3)
+    assert np.isclose(ds.reciprocal_rank_change(p0, p, [0], [1], top_p=1.0), expect)
+    assert ds.reciprocal_rank_change(p0, p0, [0], [1]) == 0
+
+
+def test_restricted_steering_matches_exact_steering_on_a_small_head():
+    G, _ = head(V=12, d=3, seed=8)
+    base, target = np.array([0, 1]), np.array([2, 3])
+    lam0 = np.random.default_rng(1).standard_normal((3, 3)) * 0.3
+    w = ds.pair_direction(G, base, target)
+    for alpha in (math.inf, 0.05):
+        ref = ds.steer_to_ratio(G, lam0, w, base, target, alpha=alpha, step=0.05,
+                                max_steps=400, correct=False)
+        res = ds.steer_restricted(G, lam0, w, 2, alpha=alpha, step=0.05, max_steps=400)
+        assert np.array_equal(ref.reached, res.reached)
+        assert np.allclose(ref.lam, res.lam, atol=2e-3)
+    support = ds.top_logit_support(G, lam0, base, target, 3)
+    assert list(support[:4]) == [0, 1, 2, 3] and len(set(support)) == len(support)

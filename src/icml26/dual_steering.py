@@ -737,3 +737,263 @@ def steering_trace(G, lam0, w, base, target, *, alpha: float = math.inf, step: f
         off.append(offtarget_kl(p0, p, base, target))
         full.append(kl_divergence(p0, p))
     return np.array(ratios), np.array(off), np.array(full)
+
+
+# --- several model seeds at once ----------------------------------------------------------------
+
+
+def train_bag_models(language: BilingualLanguage, seeds, *, d: int = 12, steps: int = 1500,
+                     batch_size: int = 256, lr: float = 3e-3) -> tuple[list[BagModel], np.ndarray]:
+    """Train one :class:`BagModel` per seed in ``seeds``, all in one stacked network.
+
+    Every seed gets exactly what :func:`train_bag_model` would give it (the same initial weights,
+    training samples and mini-batches, and Adam, which acts entry by entry): the parameters of
+    the ``S`` models are stacked along a leading axis and the summed loss of the ``S`` models is
+    minimised, so one batched forward and backward pass per step replaces ``S``. Returns the
+    trained models and the losses ``(steps, S)``.
+    """
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ValueError(f"seeds must be distinct non-negative integers, got {seeds}")
+    steps = check_count(steps, "steps", 1)
+    batch_size = check_count(batch_size, "batch_size", 1)
+    d = check_count(d, "d", 2)
+    models = [BagModel(language.vocab_size, d=d, seed=s) for s in seeds]
+    names = [name for name, _ in models[0].named_parameters()]
+    stacked = {name: torch.stack([dict(m.named_parameters())[name].detach() for m in models])
+               .clone().requires_grad_(True) for name in names}
+    optimiser = torch.optim.Adam(stacked.values(), lr=check_positive(lr, "lr"))
+    data = [language.sample(steps * batch_size // 4 + batch_size, np.random.default_rng(s + 1))
+            for s in seeds]
+    ctx_all = torch.stack([torch.from_numpy(c) for c, *_ in data])  # (S, N, L)
+    nxt_all = torch.stack([torch.from_numpy(n) for _, n, *_ in data])  # (S, N)
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    S, pad = len(seeds), language.pad
+    rows = torch.arange(S)[:, None, None]
+    losses = np.zeros((steps, S))
+    for k in range(steps):
+        idx = torch.stack([torch.randint(ctx_all.shape[1], (batch_size,), generator=g)
+                           for g in gens])
+        ctx = torch.gather(ctx_all, 1, idx[..., None].expand(-1, -1, ctx_all.shape[2]))
+        nxt = torch.gather(nxt_all, 1, idx)
+        mask = (ctx != pad).unsqueeze(-1).float()
+        emb = stacked["embed.weight"][rows, ctx]  # (S, B, L, width)
+        pooled = (emb * mask).sum(2) / mask.sum(2).clamp(min=1)
+        h = torch.nn.functional.gelu(pooled @ stacked["mlp.0.weight"].transpose(1, 2)
+                                     + stacked["mlp.0.bias"][:, None])
+        lam = h @ stacked["mlp.2.weight"].transpose(1, 2) + stacked["mlp.2.bias"][:, None]
+        logits = lam @ stacked["unembed.weight"].transpose(1, 2)  # (S, B, V)
+        per_seed = torch.nn.functional.cross_entropy(
+            logits.reshape(S * batch_size, -1), nxt.reshape(-1), reduction="none"
+        ).reshape(S, batch_size).mean(1)
+        optimiser.zero_grad()
+        per_seed.sum().backward()
+        optimiser.step()
+        losses[k] = per_seed.detach().numpy()
+    with torch.no_grad():
+        for j, m in enumerate(models):
+            for name, param in m.named_parameters():
+                param.copy_(stacked[name][j])
+    return models, losses
+
+
+def dual_mean_difference_probe(G, X, y) -> np.ndarray:
+    """The authors' ``dual_md``: the mean difference of the mean parameters ``mu = G^T p_lam``.
+
+    ``primal_md`` (:func:`mean_difference_probe`) averages the representations ``lam``;
+    ``dual_md`` maps each to its mean coordinate first, then takes the same difference.
+    """
+    G = check_unembedding(G)
+    X = check_representation(G, X)
+    return mean_difference_probe(mean_parameter(G, np.atleast_2d(X)), y)
+
+
+def pair_r2(G, base, target) -> float:
+    """Share of the energy of the pair differences ``g(target_k) - g(base_k)`` that their mean
+    ``delta`` explains: ``1 - sum_k |diff_k - delta|^2 / sum_k |diff_k|^2`` (1: parallel pairs)."""
+    G = check_unembedding(G)
+    base, target = check_pairs(base, target, G.shape[0])
+    diffs = G[target] - G[base]
+    return float(1 - ((diffs - diffs.mean(0)) ** 2).sum() / (diffs**2).sum())
+
+
+def spread_for_pair_r2(r2_head: float, r2: float) -> float:
+    """The spread factor ``kappa`` of :func:`pair_spread_head` that turns a head with pair R^2
+    ``r2_head`` into one with pair R^2 ``r2`` (``kappa = 1`` keeps the head; 0 is parallel)."""
+    for value, name in ((r2_head, "r2_head"), (r2, "r2")):
+        if not 0 < value < 1:
+            raise ValueError(f"{name} must lie strictly between 0 and 1, got {value!r}")
+    return float(math.sqrt(r2_head / (1 - r2_head) * (1 - r2) / r2))
+
+
+def reciprocal_rank_change(p0, p, base, target, top_p: float = 0.999) -> np.ndarray | float:
+    """The authors' rank metric (``get_rank_diff``) between a start and an end distribution.
+
+    Both are merged (:func:`merge_pairs`); the support is the union of the smallest sets of
+    merged outcomes holding ``top_p`` of the mass of each; ranks are taken inside that support,
+    and the result is ``sum_y q0(y) |1/rank(y) - 1/rank0(y)|`` with ``q0`` renormalised on it.
+    The authors take the union over 20 points of the whole path; we take its two ends.
+    """
+    q0 = np.atleast_2d(merge_pairs(p0, base, target))
+    q = np.atleast_2d(merge_pairs(p, base, target))
+    if q0.shape != q.shape:
+        raise ValueError(f"p0 and p must have the same shape, got {q0.shape} and {q.shape}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must lie in (0, 1], got {top_p!r}")
+    out = np.empty(len(q0))
+    for i, (a, b) in enumerate(zip(q0, q, strict=True)):
+        keep = np.zeros(a.size, dtype=bool)
+        for row in (a, b):
+            order = np.argsort(-row, kind="stable")
+            before = np.cumsum(row[order]) - row[order]
+            keep[order[before < top_p]] = True
+        a_k, b_k = a[keep], b[keep]
+        r0 = np.empty(a_k.size)
+        r0[np.argsort(-a_k, kind="stable")] = np.arange(1, a_k.size + 1)
+        r1 = np.empty(b_k.size)
+        r1[np.argsort(-b_k, kind="stable")] = np.arange(1, b_k.size + 1)
+        out[i] = (a_k / a_k.sum()) @ np.abs(1 / r1 - 1 / r0)
+    return float(out[0]) if np.ndim(p0) == 1 and np.ndim(p) == 1 else out
+
+
+# --- a real unembedding: steering on the top logits, batched in torch ---------------------------
+
+
+def top_logit_support(G, lam0, base, target, k: int) -> np.ndarray:
+    """Token ids of one restricted family shared by the contexts: the ``m`` base forms, the ``m``
+    target forms, then the union over contexts of each one's ``k`` largest remaining logits at the
+    start (in id order). The authors' conjugate-gradient step also works on the top logits."""
+    G = check_unembedding(G)
+    lam0 = np.atleast_2d(check_representation(G, lam0))
+    base, target = check_pairs(base, target, G.shape[0])
+    k = check_count(k, "k", 1)
+    pair_ids = np.concatenate([base, target])
+    if k > G.shape[0] - pair_ids.size:
+        raise ValueError(f"k = {k} exceeds the {G.shape[0] - pair_ids.size} tokens outside "
+                         "the pairs")
+    logits = lam0 @ G.T
+    logits[:, pair_ids] = -np.inf
+    top = np.unique(np.argpartition(-logits, k - 1, axis=1)[:, :k])
+    return np.concatenate([pair_ids, top])
+
+
+def steer_restricted(G, lam0, w, n_pairs: int, *, ratio: float = 0.9, alpha: float = math.inf,
+                     step: float = 1.0, max_steps: int = 200, cg_iters: int = 20,
+                     bisections: int = 20) -> SteeringResult:
+    """Steer contexts to ``ratio`` in the family of the rows of ``G`` (a restricted unembedding,
+    its first ``n_pairs`` rows the base forms and the next ``n_pairs`` the target forms, as
+    :func:`top_logit_support` orders them).
+
+    ``alpha = inf`` is Euclidean steering; a finite ``alpha`` is the authors' ridge-regularised
+    dual step ``normalize((F + alpha I)^{-1} w)``, with ``(F + alpha I) x = w`` solved by
+    ``cg_iters`` matrix-free conjugate-gradient iterations, as in the authors' ``m_steering``,
+    batched over contexts in float32 torch. Steps have length ``step``; the crossing inside the
+    last step is found by bisection, as in :func:`steer_to_ratio`.
+    """
+    G = check_unembedding(G)
+    lam0 = np.atleast_2d(check_representation(G, lam0))
+    w = check_direction(w, G.shape[1])
+    n_pairs = check_count(n_pairs, "n_pairs", 1)
+    if G.shape[0] <= 2 * n_pairs:
+        raise ValueError("the restricted unembedding needs rows beyond the pairs")
+    if not 0 < ratio < 1:
+        raise ValueError("the target ratio must lie strictly between 0 and 1")
+    step = check_positive(step, "step")
+    Gt = torch.from_numpy(G).float()  # (U, d)
+    lam = torch.from_numpy(lam0).float()
+    what = torch.from_numpy(w / np.linalg.norm(w)).float()
+    m = n_pairs
+
+    def ratio_of(x):
+        logp = torch.log_softmax(x @ Gt.T, dim=-1)
+        return torch.sigmoid(torch.logsumexp(logp[:, m:2 * m], -1)
+                             - torch.logsumexp(logp[:, :m], -1))
+
+    def direction(x):
+        if math.isinf(alpha):
+            return what.expand_as(x)
+        p = torch.softmax(x @ Gt.T, dim=-1)
+        mu = p @ Gt
+
+        def matvec(v):
+            return ((p * (v @ Gt.T)) @ Gt - mu * (mu * v).sum(-1, keepdim=True) + alpha * v)
+
+        r = what.expand_as(x).clone()
+        sol, direc, rs = torch.zeros_like(r), r.clone(), (r * r).sum(-1)
+        for _ in range(cg_iters):
+            ad = matvec(direc)
+            a = rs / (direc * ad).sum(-1).clamp(min=1e-30)
+            sol = sol + a[:, None] * direc
+            r = r - a[:, None] * ad
+            rs_new = (r * r).sum(-1)
+            direc = r + (rs_new / rs.clamp(min=1e-30))[:, None] * direc
+            rs = rs_new
+        return sol / sol.norm(dim=-1, keepdim=True)
+
+    n = lam.shape[0]
+    steps = np.zeros(n, dtype=int)
+    reached = (ratio_of(lam) >= ratio).numpy()
+    active = ~reached
+    for _ in range(check_count(max_steps, "max_steps", 1)):
+        if not active.any():
+            break
+        idx = np.flatnonzero(active)
+        cur = lam[idx]
+        new = cur + step * direction(cur)
+        hit = (ratio_of(new) >= ratio).numpy()
+        if hit.any():
+            lo, hi = cur[hit], new[hit]
+            for _b in range(bisections):
+                mid = 0.5 * (lo + hi)
+                up = (ratio_of(mid) >= ratio)[:, None]
+                hi, lo = torch.where(up, mid, hi), torch.where(up, lo, mid)
+            new[hit] = hi
+        lam[idx] = new
+        steps[idx] += 1
+        reached[idx[hit]] = True
+        active[idx[hit]] = False
+    out = lam.double().numpy()
+    return SteeringResult(out, reached, steps, np.linalg.norm(out - lam0, axis=-1))
+
+
+# --- English present/past verb pairs for a real tokenizer ---------------------------------------
+
+VERB_PAST_PAIRS = (
+    ("walk", "walked"), ("talk", "talked"), ("play", "played"), ("work", "worked"),
+    ("look", "looked"), ("want", "wanted"), ("need", "needed"), ("call", "called"),
+    ("ask", "asked"), ("help", "helped"), ("start", "started"), ("turn", "turned"),
+    ("move", "moved"), ("live", "lived"), ("open", "opened"), ("close", "closed"),
+    ("love", "loved"), ("like", "liked"), ("use", "used"), ("try", "tried"), ("stay", "stayed"),
+    ("wait", "waited"), ("watch", "watched"), ("learn", "learned"), ("change", "changed"),
+    ("show", "showed"), ("follow", "followed"), ("cook", "cooked"), ("jump", "jumped"),
+    ("pull", "pulled"), ("push", "pushed"), ("add", "added"), ("pass", "passed"),
+    ("kill", "killed"), ("reach", "reached"), ("plan", "planned"), ("stop", "stopped"),
+    ("end", "ended"), ("fill", "filled"), ("climb", "climbed"), ("go", "went"), ("come", "came"),
+    ("see", "saw"), ("take", "took"), ("make", "made"), ("get", "got"), ("give", "gave"),
+    ("find", "found"), ("think", "thought"), ("tell", "told"), ("become", "became"),
+    ("leave", "left"), ("feel", "felt"), ("bring", "brought"), ("begin", "began"),
+    ("keep", "kept"), ("hold", "held"), ("write", "wrote"), ("stand", "stood"), ("hear", "heard"),
+    ("run", "ran"), ("meet", "met"), ("pay", "paid"), ("sit", "sat"), ("speak", "spoke"),
+    ("lie", "lay"), ("lead", "led"), ("grow", "grew"), ("lose", "lost"), ("fall", "fell"),
+    ("send", "sent"), ("build", "built"), ("eat", "ate"), ("win", "won"), ("buy", "bought"),
+    ("sell", "sold"), ("drive", "drove"), ("break", "broke"), ("sing", "sang"), ("swim", "swam"),
+    ("drink", "drank"), ("fly", "flew"), ("teach", "taught"), ("catch", "caught"),
+    ("choose", "chose"), ("draw", "drew"), ("wear", "wore"),
+)
+"""Common English verbs with their simple past (regular and irregular), for the tense concept."""
+
+
+def single_token_pairs(tokenizer, pairs=VERB_PAST_PAIRS, prefix: str = " ") -> tuple:
+    """The pairs whose two forms (after ``prefix``, a leading space) are single, distinct tokens:
+    ``(kept pairs, base ids, target ids)``."""
+    kept, base, target = [], [], []
+    for a, b in pairs:
+        ia = tokenizer.encode(prefix + a, add_special_tokens=False)
+        ib = tokenizer.encode(prefix + b, add_special_tokens=False)
+        if len(ia) == 1 and len(ib) == 1 and ia != ib:
+            kept.append((a, b))
+            base.append(ia[0])
+            target.append(ib[0])
+    if len(set(base + target)) != 2 * len(kept):
+        raise ValueError("a token appears in two pairs")
+    return kept, np.array(base), np.array(target)
