@@ -69,6 +69,10 @@ def test_offline_transitions_follow_the_dynamics():
     torch.testing.assert_close(reward, data.rewards)
     assert (data.states[:, 0].abs() <= math.pi).all()
     assert (data.actions.abs() <= dt.MAX_TORQUE).all()
+    gentle = dt.collect_offline(dt.sample_gains(2, rng), 20, 10, 0.5, rng, 1.0, 0.5, 1.0)
+    assert (gentle.actions.abs() <= 1.0).all() and gentle.actions.abs().max() > 0.9
+    nxt, _ = dt.pendulum_step(gentle.states, gentle.actions, 1.0)
+    torch.testing.assert_close(nxt, gentle.next_states)
 
 
 class _TrueTwin(dt.BatchedTwin):
@@ -278,6 +282,11 @@ def test_bad_input_raises_clear_errors():
             dt.twin_values(twin, gains, starts, horizon, 0.99)
     with pytest.raises(ValueError, match="horizon"):
         dt.Config(horizon=0)
+    for command in (0.0, 2.5):
+        with pytest.raises(ValueError, match="max_command"):
+            dt.collect_offline(gains, 2, 2, 0.5, rng, max_command=command)
+        with pytest.raises(ValueError, match="max_command"):
+            dt.Config(max_command=command)
     bad = data.states.clone()
     bad[3, 1] = float("nan")
     with pytest.raises(ValueError, match="NaN"):

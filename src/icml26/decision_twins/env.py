@@ -226,11 +226,13 @@ def check_offline(data: OfflineData) -> OfflineData:
 
 def collect_offline(behaviour: torch.Tensor, episodes: int, steps: int, noise: float,
                     rng: np.random.Generator, cubic: float = 0.0,
-                    explore: float = 0.0) -> OfflineData:
+                    explore: float = 0.0, max_command: float = MAX_TORQUE) -> OfflineData:
     """Offline data from the true pendulum (actuator ``cubic``): each episode picks one behaviour
     controller at random and adds Gaussian torque noise of standard deviation ``noise``; at each
-    step, with probability ``explore``, the torque is instead uniform on ``[-2, 2]`` (the
-    counterexample's behaviour distribution). Starts come from the reset distribution."""
+    step, with probability ``explore``, the torque is instead uniform on ``[-max_command,
+    max_command]`` (the counterexample's behaviour distribution). Every logged command is
+    clipped to ``[-max_command, max_command]`` (``max_command < 2``: gentle logging, which never
+    sees the torques the candidates use). Starts come from the reset distribution."""
     behaviour = check_gains(behaviour)
     steps = check_horizon(steps)
     if isinstance(episodes, bool) or not isinstance(episodes, (int, np.integer)) or episodes < 1:
@@ -240,6 +242,8 @@ def collect_offline(behaviour: torch.Tensor, episodes: int, steps: int, noise: f
     cubic = check_cubic(cubic)
     if not 0.0 <= explore <= 1.0:
         raise ValueError(f"explore must lie in [0, 1], got {explore}")
+    if not 0.0 < max_command <= MAX_TORQUE:
+        raise ValueError(f"max_command must lie in (0, {MAX_TORQUE}], got {max_command}")
     starts = reset_states(episodes, rng)
     which = torch.from_numpy(rng.integers(0, behaviour.shape[0], size=episodes))
     gains = behaviour[which]  # one controller per episode: treat episodes as P = episodes, B = 1
@@ -248,8 +252,8 @@ def collect_offline(behaviour: torch.Tensor, episodes: int, steps: int, noise: f
     for _ in range(steps):
         u = policy_torque(gains, state)
         u = torch.clamp(u + noise * torch.from_numpy(rng.standard_normal(u.shape)),
-                        -MAX_TORQUE, MAX_TORQUE)
-        uniform = torch.from_numpy(rng.uniform(-MAX_TORQUE, MAX_TORQUE, u.shape))
+                        -max_command, max_command)
+        uniform = torch.from_numpy(rng.uniform(-max_command, max_command, u.shape))
         u = torch.where(torch.from_numpy(rng.random(u.shape) < explore), uniform, u)
         wrapped = torch.stack([angle_normalize(state[..., 0]), state[..., 1]], dim=-1)
         nxt, reward = pendulum_step(wrapped, u, cubic)

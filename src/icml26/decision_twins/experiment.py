@@ -1,7 +1,8 @@
 """The pendulum experiment: replicates of (data, policies, FQE, twins), trained in one batch.
 
 Each replicate draws its own training and unseen controllers, behaviour controllers and offline
-data from the true pendulum with the cubic actuator of Eq. ``eq-dt2-actuator``. Every twin
+data from the true pendulum with the cubic actuator of Eq. ``eq-dt2-actuator``; the data are
+logged with commands of at most ``Config.max_command`` (gentle logging, where the cubic is flat). Every twin
 variant (a twin class and a ranking weight, with FQE or true values as ranking labels) is trained
 for every replicate; all models of one twin class are one batched module, so a whole study costs
 one training loop per twin class. The falsification control repeats the linear-twin variants on
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from icml26.decision_twins.env import (
+    MAX_TORQUE,
     OfflineData,
     check_cubic,
     check_gamma,
@@ -53,6 +55,7 @@ class Config:
     heldout_episodes: int = 50
     noise: float = 0.5
     explore: float = 0.5
+    max_command: float = 1.0
     horizon: int = 60
     gamma: float = 0.99
     cubic: float = 1.0
@@ -80,6 +83,8 @@ class Config:
         check_weights([self.dt2_weight])
         check_cubic(self.cubic)
         check_cubic(self.control_cubic)
+        if not 0.0 < self.max_command <= MAX_TORQUE:
+            raise ValueError(f"max_command must lie in (0, {MAX_TORQUE}], got {self.max_command}")
         for name in ("replicates", "n_train", "n_unseen", "n_behaviour", "episodes", "steps",
                      "heldout_episodes", "truth_starts", "fqe_features", "n_starts",
                      "seed_stride"):
@@ -121,9 +126,9 @@ def make_replicate(seed: int, config: Config, cubic: float | None = None) -> Rep
     train, unseen = sample_gains(config.n_train, rng), sample_gains(config.n_unseen, rng)
     behaviour = sample_gains(config.n_behaviour, rng)
     data = collect_offline(behaviour, config.episodes, config.steps, config.noise, rng, cubic,
-                           config.explore)
+                           config.explore, config.max_command)
     heldout = collect_offline(behaviour, config.heldout_episodes, config.steps, config.noise,
-                              rng, cubic, config.explore)
+                              rng, cubic, config.explore, config.max_command)
     mc_starts = reset_states(config.truth_starts, rng)
     truth = true_values(torch.cat([train, unseen]), mc_starts, config.horizon, config.gamma,
                         cubic)
