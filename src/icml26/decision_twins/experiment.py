@@ -2,11 +2,12 @@
 
 Each replicate draws its own training and unseen controllers, behaviour controllers and offline
 data from the true pendulum with the cubic actuator of Eq. ``eq-dt2-actuator``; the data are
-logged with commands of at most ``Config.max_command`` (gentle logging, where the cubic is flat). Every twin
-variant (a twin class and a ranking weight, with FQE or true values as ranking labels) is trained
-for every replicate; all models of one twin class are one batched module, so a whole study costs
-one training loop per twin class. The falsification control repeats the linear-twin variants on
-the same controllers with gymnasium's linear actuator, a system inside the linear twin's class.
+logged with commands of at most ``Config.max_command`` (gentle logging: the cubic is flat there).
+Every twin variant (a twin class and a ranking weight, with FQE or true values as ranking
+labels) is trained for every replicate; all models of one twin class are one batched module, so
+a whole study costs one training loop per twin class. The falsification control repeats the
+linear-twin variants on the same controllers with gymnasium's linear actuator, a system inside
+the linear twin's class.
 """
 
 from __future__ import annotations
