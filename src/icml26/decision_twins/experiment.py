@@ -57,13 +57,14 @@ class Config:
     noise: float = 0.5
     explore: float = 0.5
     max_command: float = 1.0
+    full_share: float = 0.1
     horizon: int = 60
     gamma: float = 0.99
     cubic: float = 1.0
     control_cubic: float = 0.0
     truth_starts: int = 512
-    fqe_features: int = 60
-    fqe_lengthscale: float = 0.5
+    fqe_features: int = 150
+    fqe_lengthscale: float = 2.0
     linear_weights: tuple[float, ...] = (0.0, 0.3, 1.0, 3.0)
     dt2_weight: float = 1.0
     linear_steps: int = 60
@@ -84,6 +85,8 @@ class Config:
         check_weights([self.dt2_weight])
         check_cubic(self.cubic)
         check_cubic(self.control_cubic)
+        if not 0.0 <= self.full_share <= 1.0:
+            raise ValueError(f"full_share must lie in [0, 1], got {self.full_share}")
         if not 0.0 < self.max_command <= MAX_TORQUE:
             raise ValueError(f"max_command must lie in (0, {MAX_TORQUE}], got {self.max_command}")
         for name in ("replicates", "n_train", "n_unseen", "n_behaviour", "episodes", "steps",
@@ -127,9 +130,9 @@ def make_replicate(seed: int, config: Config, cubic: float | None = None) -> Rep
     train, unseen = sample_gains(config.n_train, rng), sample_gains(config.n_unseen, rng)
     behaviour = sample_gains(config.n_behaviour, rng)
     data = collect_offline(behaviour, config.episodes, config.steps, config.noise, rng, cubic,
-                           config.explore, config.max_command)
+                           config.explore, config.max_command, config.full_share)
     heldout = collect_offline(behaviour, config.heldout_episodes, config.steps, config.noise,
-                              rng, cubic, config.explore, config.max_command)
+                              rng, cubic, config.explore, config.max_command, config.full_share)
     mc_starts = reset_states(config.truth_starts, rng)
     truth = true_values(torch.cat([train, unseen]), mc_starts, config.horizon, config.gamma,
                         cubic)
