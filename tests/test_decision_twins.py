@@ -69,6 +69,10 @@ def test_offline_transitions_follow_the_dynamics():
     torch.testing.assert_close(reward, data.rewards)
     assert (data.states[:, 0].abs() <= math.pi).all()
     assert (data.actions.abs() <= dt.MAX_TORQUE).all()
+    gentle = dt.collect_offline(dt.sample_gains(2, rng), 20, 10, 0.5, rng, 1.0, 0.5, 1.0)
+    assert (gentle.actions.abs() <= 1.0).all() and gentle.actions.abs().max() > 0.9
+    nxt, _ = dt.pendulum_step(gentle.states, gentle.actions, 1.0)
+    torch.testing.assert_close(nxt, gentle.next_states)
 
 
 class _TrueTwin(dt.BatchedTwin):
@@ -213,7 +217,7 @@ def test_small_study_runs_and_is_reproducible():
                        linear_weights=(0.0, 1.0), linear_steps=3,
                        mlp_pretrain=3, mlp_steps=3, hidden=4, n_starts=4)
     first, second = dt.run_study(3, config), dt.run_study(3, config)
-    assert len(first.metrics) == 8  # linear MSE, DT², oracle; same in the control; MLP MSE, DT²
+    assert len(first.metrics) == 7  # linear MSE, DT², oracle; control MSE, oracle; MLP MSE, DT²
     for variant, metrics in first.metrics.items():
         for name, values in metrics.items():
             assert values.shape == (2,)
@@ -278,6 +282,16 @@ def test_bad_input_raises_clear_errors():
             dt.twin_values(twin, gains, starts, horizon, 0.99)
     with pytest.raises(ValueError, match="horizon"):
         dt.Config(horizon=0)
+    for command in (0.0, 2.5):
+        with pytest.raises(ValueError, match="max_command"):
+            dt.collect_offline(gains, 2, 2, 0.5, rng, max_command=command)
+        with pytest.raises(ValueError, match="max_command"):
+            dt.Config(max_command=command)
+    for share in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="full_share"):
+            dt.collect_offline(gains, 2, 2, 0.5, rng, full_share=share)
+        with pytest.raises(ValueError, match="full_share"):
+            dt.Config(full_share=share)
     bad = data.states.clone()
     bad[3, 1] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
@@ -295,3 +309,15 @@ def test_bad_input_raises_clear_errors():
         dt.Counterexample().dt2_theta(-1.0)
     with pytest.raises(TypeError):
         dt.policy_torque([[1.0, 2.0, 3.0]], starts)
+
+
+def test_full_share_mixes_full_range_commands_into_gentle_logging():
+    """The mixture logs a share of full-range commands; without it every command is gentle."""
+    gains = dt.sample_gains(3, np.random.default_rng(1))
+    gentle = dt.collect_offline(gains, 20, 20, 0.5, np.random.default_rng(2), cubic=1.0,
+                                explore=0.5, max_command=1.0)
+    mixed = dt.collect_offline(gains, 20, 20, 0.5, np.random.default_rng(2), cubic=1.0,
+                               explore=0.5, max_command=1.0, full_share=0.2)
+    assert float(gentle.actions.abs().max()) <= 1.0
+    share = float((mixed.actions.abs() > 1.0).double().mean())
+    assert 0.05 < share < 0.2  # half of the full-range draws land outside [-1, 1]

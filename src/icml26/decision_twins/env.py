@@ -226,11 +226,17 @@ def check_offline(data: OfflineData) -> OfflineData:
 
 def collect_offline(behaviour: torch.Tensor, episodes: int, steps: int, noise: float,
                     rng: np.random.Generator, cubic: float = 0.0,
-                    explore: float = 0.0) -> OfflineData:
+                    explore: float = 0.0, max_command: float = MAX_TORQUE,
+                    full_share: float = 0.0) -> OfflineData:
     """Offline data from the true pendulum (actuator ``cubic``): each episode picks one behaviour
     controller at random and adds Gaussian torque noise of standard deviation ``noise``; at each
-    step, with probability ``explore``, the torque is instead uniform on ``[-2, 2]`` (the
-    counterexample's behaviour distribution). Starts come from the reset distribution."""
+    step, with probability ``explore``, the torque is instead uniform on ``[-max_command,
+    max_command]`` (the counterexample's behaviour distribution). Every logged command is
+    clipped to ``[-max_command, max_command]`` (``max_command < 2``: gentle logging, which never
+    sees the torques the candidates use). Finally, with probability ``full_share`` per step, the
+    command is uniform on the whole range ``[-2, 2]`` (a mixture: mostly gentle, a few full
+    commands, so that a model-free estimator sees what full commands do). Starts come from the
+    reset distribution."""
     behaviour = check_gains(behaviour)
     steps = check_horizon(steps)
     if isinstance(episodes, bool) or not isinstance(episodes, (int, np.integer)) or episodes < 1:
@@ -240,6 +246,10 @@ def collect_offline(behaviour: torch.Tensor, episodes: int, steps: int, noise: f
     cubic = check_cubic(cubic)
     if not 0.0 <= explore <= 1.0:
         raise ValueError(f"explore must lie in [0, 1], got {explore}")
+    if not 0.0 < max_command <= MAX_TORQUE:
+        raise ValueError(f"max_command must lie in (0, {MAX_TORQUE}], got {max_command}")
+    if not 0.0 <= full_share <= 1.0:
+        raise ValueError(f"full_share must lie in [0, 1], got {full_share}")
     starts = reset_states(episodes, rng)
     which = torch.from_numpy(rng.integers(0, behaviour.shape[0], size=episodes))
     gains = behaviour[which]  # one controller per episode: treat episodes as P = episodes, B = 1
@@ -248,9 +258,12 @@ def collect_offline(behaviour: torch.Tensor, episodes: int, steps: int, noise: f
     for _ in range(steps):
         u = policy_torque(gains, state)
         u = torch.clamp(u + noise * torch.from_numpy(rng.standard_normal(u.shape)),
-                        -MAX_TORQUE, MAX_TORQUE)
-        uniform = torch.from_numpy(rng.uniform(-MAX_TORQUE, MAX_TORQUE, u.shape))
+                        -max_command, max_command)
+        uniform = torch.from_numpy(rng.uniform(-max_command, max_command, u.shape))
         u = torch.where(torch.from_numpy(rng.random(u.shape) < explore), uniform, u)
+        if full_share > 0:  # no extra draws without the mixture: the stream stays the same
+            full = torch.from_numpy(rng.uniform(-MAX_TORQUE, MAX_TORQUE, u.shape))
+            u = torch.where(torch.from_numpy(rng.random(u.shape) < full_share), full, u)
         wrapped = torch.stack([angle_normalize(state[..., 0]), state[..., 1]], dim=-1)
         nxt, reward = pendulum_step(wrapped, u, cubic)
         records.append((wrapped, u, reward, nxt))

@@ -1,11 +1,14 @@
 """The pendulum experiment: replicates of (data, policies, FQE, twins), trained in one batch.
 
 Each replicate draws its own training and unseen controllers, behaviour controllers and offline
-data from the true pendulum with the cubic actuator of Eq. ``eq-dt2-actuator``. Every twin
-variant (a twin class and a ranking weight, with FQE or true values as ranking labels) is trained
-for every replicate; all models of one twin class are one batched module, so a whole study costs
-one training loop per twin class. The falsification control repeats the linear-twin variants on
-the same controllers with gymnasium's linear actuator, a system inside the linear twin's class.
+data from the true pendulum with the cubic actuator of Eq. ``eq-dt2-actuator``; the data are
+logged mostly with commands of at most ``Config.max_command`` (gentle logging: the cubic is flat
+there), plus a share ``Config.full_share`` of full-range commands, so that FQE sees them.
+Every twin variant (a twin class and a ranking weight, with FQE or true values as ranking
+labels) is trained for every replicate; all models of one twin class are one batched module, so
+a whole study costs one training loop per twin class. The falsification control repeats the
+linear-twin variants on the same controllers with gymnasium's linear actuator, a system inside
+the linear twin's class.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import numpy as np
 import torch
 
 from icml26.decision_twins.env import (
+    MAX_TORQUE,
     OfflineData,
     check_cubic,
     check_gamma,
@@ -53,13 +57,15 @@ class Config:
     heldout_episodes: int = 50
     noise: float = 0.5
     explore: float = 0.5
+    max_command: float = 1.0
+    full_share: float = 0.1
     horizon: int = 60
     gamma: float = 0.99
     cubic: float = 1.0
     control_cubic: float = 0.0
     truth_starts: int = 512
-    fqe_features: int = 60
-    fqe_lengthscale: float = 0.5
+    fqe_features: int = 150
+    fqe_lengthscale: float = 2.0
     linear_weights: tuple[float, ...] = (0.0, 0.3, 1.0, 3.0)
     dt2_weight: float = 1.0
     linear_steps: int = 60
@@ -80,6 +86,10 @@ class Config:
         check_weights([self.dt2_weight])
         check_cubic(self.cubic)
         check_cubic(self.control_cubic)
+        if not 0.0 <= self.full_share <= 1.0:
+            raise ValueError(f"full_share must lie in [0, 1], got {self.full_share}")
+        if not 0.0 < self.max_command <= MAX_TORQUE:
+            raise ValueError(f"max_command must lie in (0, {MAX_TORQUE}], got {self.max_command}")
         for name in ("replicates", "n_train", "n_unseen", "n_behaviour", "episodes", "steps",
                      "heldout_episodes", "truth_starts", "fqe_features", "n_starts",
                      "seed_stride"):
@@ -109,27 +119,32 @@ class Replicate:
     fqe_unseen: torch.Tensor
 
 
-def make_replicate(seed: int, config: Config, cubic: float | None = None) -> Replicate:
+def make_replicate(seed: int, config: Config, cubic: float | None = None,
+                   fqe: bool = True) -> Replicate:
     """Draw the controllers and the offline data of one replicate and evaluate the policies.
 
     ``cubic`` (default ``config.cubic``) is the true system's actuator; the controllers, the
     behaviour controllers and the start states depend on ``seed`` only, so the control replicate
     (``cubic = config.control_cubic``) of a seed has the same controllers as its main replicate.
+    ``fqe=False`` skips FQE (its values are NaN): the control trains with true-value labels only.
     """
     cubic = config.cubic if cubic is None else check_cubic(cubic)
     rng = np.random.default_rng(seed)
     train, unseen = sample_gains(config.n_train, rng), sample_gains(config.n_unseen, rng)
     behaviour = sample_gains(config.n_behaviour, rng)
     data = collect_offline(behaviour, config.episodes, config.steps, config.noise, rng, cubic,
-                           config.explore)
+                           config.explore, config.max_command, config.full_share)
     heldout = collect_offline(behaviour, config.heldout_episodes, config.steps, config.noise,
-                              rng, cubic, config.explore)
+                              rng, cubic, config.explore, config.max_command, config.full_share)
     mc_starts = reset_states(config.truth_starts, rng)
     truth = true_values(torch.cat([train, unseen]), mc_starts, config.horizon, config.gamma,
                         cubic)
-    fqe = fitted_q_evaluation(data, torch.cat([train, unseen]), config.horizon, config.gamma,
-                              n_features=config.fqe_features,
-                              lengthscale=config.fqe_lengthscale, rng=rng)
+    if fqe:
+        fqe = fitted_q_evaluation(data, torch.cat([train, unseen]), config.horizon, config.gamma,
+                                  n_features=config.fqe_features,
+                                  lengthscale=config.fqe_lengthscale, rng=rng)
+    else:
+        fqe = torch.full((config.n_train + config.n_unseen,), float("nan"), dtype=torch.float64)
     k = config.n_train
     return Replicate(train, unseen, data, heldout, truth[:k], truth[k:], fqe[:k], fqe[k:])
 
@@ -171,7 +186,9 @@ class Study:
 
     def proxy_metrics(self, setting: str = "main") -> dict[str, np.ndarray]:
         """Decision metrics of FQE itself (the proxy labels) on unseen and training policies."""
-        reps = self.replicates if setting == "main" else self.control
+        if setting != "main":
+            raise ValueError("FQE runs on the main replicates only (the control uses true labels)")
+        reps = self.replicates
         out = {}
         for split in ("train", "unseen"):
             pairs = [(getattr(r, f"fqe_{split}").numpy(), getattr(r, f"true_{split}").numpy())
@@ -246,8 +263,9 @@ def train_variants(study: Study, twin: BatchedTwin, variants: list[Variant], ste
     reps, config = _replicates_of(study, variants), study.config
     V = len(variants)
     weights = torch.tensor([v.weight for v in variants] * len(reps))
-    reference = torch.stack([rep.true_train if v.labels == "true" else rep.fqe_train
-                             for rep in reps for v in variants])
+    # lambda = 0 ignores its labels (the control has no FQE values): give it the true ones
+    reference = torch.stack([rep.true_train if v.labels == "true" or v.weight == 0
+                             else rep.fqe_train for rep in reps for v in variants])
     return train_dt2(twin, _transitions(reps, V), _stack(reps, V, "train_gains", ""),
                      reference, weights, _stack(reps, V, "data", "starts"),
                      horizon=config.horizon, gamma=config.gamma, steps=steps,
@@ -291,7 +309,7 @@ def run_study(seed: int, config: Config | None = None) -> Study:
     start = time.perf_counter()
     seeds = replicate_seeds(seed, config)
     reps = [make_replicate(s, config) for s in seeds]
-    control = ([make_replicate(s, config, config.control_cubic) for s in seeds]
+    control = ([make_replicate(s, config, config.control_cubic, fqe=False) for s in seeds]
                if config.run_control else [])
     study = Study(config, reps, control)
     study.seconds["data, truth and FQE"] = time.perf_counter() - start
@@ -304,7 +322,6 @@ def run_study(seed: int, config: Config | None = None) -> Study:
     if config.run_control:
         start = time.perf_counter()
         variants = [Variant("linear", 0.0, setting="control"),
-                    Variant("linear", float(config.dt2_weight), setting="control"),
                     Variant("linear", float(config.dt2_weight), "true", setting="control")]
         study.logs["control"] = _linear(study, variants, generator)
         study.seconds["control twins"] = time.perf_counter() - start
