@@ -99,11 +99,13 @@ def fit_bayesimp(data: FusedData, intervention: Intervention, max_iter: int):
     K00 = outcome.kernel.gram(data.V0)
     treatment = fit_treatment_stage(data.A, K00, outcome.kernel.outputscale, max_iter)
     measure = data_measure(data.V1, 1.0)
+    exact = bayesimp_moments(data, outcome, treatment, intervention, measure)
     moments = {
-        "bayesimp": bayesimp_code_moments(data, outcome, treatment, intervention, measure),
+        "bayesimp": bayesimp_code_moments(data, outcome, treatment, intervention, measure,
+                                          exact=exact),
         "bayesimp_alpha_r": bayesimp_code_moments(data, outcome, treatment, intervention,
-                                                  measure, weights="nuclear"),
-        "bayesimp_exact": bayesimp_moments(data, outcome, treatment, intervention, measure)}
+                                                  measure, weights="nuclear", exact=exact),
+        "bayesimp_exact": exact}
     return (outcome, treatment), moments
 
 
@@ -212,14 +214,17 @@ def run_cbo(fit: Fit, truth, grid, n_iter: int, start: int) -> dict[str, BOTrace
 
 def run_mediator_seed(seed: int, n: int = 100, d: int = 5, noise: float = 0.5,
                       grid_size: int = 50, bo_iter: int = 10, **fit_options) -> SeedResult:
-    """Simulate, fit every method, then evaluate and run causal BO against the truth."""
+    """Simulate, fit every method, then evaluate and run causal BO against the truth
+    (``bo_iter=0`` skips the BO)."""
     chain = mediator_chain(n, d, noise, seed, grid_size)
     fit = fit_methods(chain.observed(), chain.intervention(), seed=seed, **fit_options)
     truth = chain.truth()
     start = int(np.random.default_rng(seed).integers(grid_size))
-    with Timer() as timer:
-        bo = run_cbo(fit, truth, chain.grid, bo_iter, start)
-    seconds = dict(fit.seconds, **{"causal BO": timer.seconds})
+    bo, seconds = {}, dict(fit.seconds)
+    if bo_iter > 0:
+        with Timer() as timer:
+            bo = run_cbo(fit, truth, chain.grid, bo_iter, start)
+        seconds["causal BO"] = timer.seconds
     scale = fit.calibration.scale if fit.calibration else 1.0
     inner_variance = {m: float(np.mean(est.sd**2)) for m, est in fit.inner.items()}
     within = float(np.mean(fit.within)) if fit.within is not None else float("nan")
@@ -256,13 +261,17 @@ def run_study(seeds, **options) -> list[SeedResult]:
 
 def summarise(results: list[SeedResult]) -> StudySummary:
     """Mean RMSE, calibration score and coverage curve (each with its standard error over the
-    seeds), and regret curves."""
+    seeds), and regret curves.
+
+    A method, a BO trace or a stage time missing from some seeds (a study whose later seeds fit
+    fewer methods) is averaged over the seeds that have it.
+    """
     if not results:
         raise ValueError("no seeds to summarise")
-    names = list(results[0].metrics)
+    names = [m for m in METHODS if any(m in r.metrics for r in results)]
 
     def per_seed(name, attr):
-        return np.array([getattr(r.metrics[name], attr) for r in results])
+        return np.array([getattr(r.metrics[name], attr) for r in results if name in r.metrics])
 
     def standard_error(values):
         if len(values) < 2:
@@ -277,9 +286,9 @@ def summarise(results: list[SeedResult]) -> StudySummary:
         score_se={name: float(standard_error(s)) for name, s in scores.items()},
         coverage={name: c.mean(axis=0) for name, c in coverages.items()},
         coverage_se={name: standard_error(c) for name, c in coverages.items()},
-        regret={kind: np.mean([r.bo[kind].regret for r in results], 0)
-                for kind in results[0].bo},
+        regret={kind: np.mean([r.bo[kind].regret for r in results if kind in r.bo], 0)
+                for kind in dict.fromkeys(k for r in results for k in r.bo)},
         scales=[r.scale for r in results],
-        seconds={stage: float(np.mean([r.seconds[stage] for r in results]))
-                 for stage in results[0].seconds},
+        seconds={stage: float(np.mean([r.seconds[stage] for r in results if stage in r.seconds]))
+                 for stage in dict.fromkeys(k for r in results for k in r.seconds)},
     )
