@@ -387,6 +387,25 @@ def test_summarise_means_and_standard_errors_match_scipy():
     assert np.isnan(ex.summarise(results[:1]).coverage_se["m"]).all()
     with pytest.raises(ValueError, match="no seeds"):
         ex.summarise([])
+    # later seeds without method "m2", a BO trace or a stage: averaged over the seeds that have it
+    extra = ex.SeedResult(9, {"m": ex.Metrics(0.0, coverages[0], 0.5)}, 1.0, {}, {})
+    both = [ex.SeedResult(r.seed, dict(r.metrics, m2=r.metrics["m"]), r.scale, r.bo, r.seconds)
+            for r in results]
+    mixed = ex.summarise([*both, extra])
+    assert mixed.score["m2"] == pytest.approx(summary.score["m"])
+    assert mixed.score["m"] == pytest.approx((5 * summary.score["m"] + 0.5) / 6)
+    np.testing.assert_allclose(mixed.regret["causal"], summary.regret["causal"])
+    assert mixed.seconds == {"fit": 1.0}
+
+
+def test_misplaced_target_moves_the_maximum_away_from_the_prior_mean():
+    grid = np.linspace(-2, 2, 41)
+    truth = np.sin(grid)
+    target = ex.misplaced_target(truth, truth, grid)  # prior mean peaks where theta does
+    assert np.argmax(target) == 0  # the grid point farthest from argmax sin
+    assert target.max() > truth.max()
+    far = np.abs(grid - grid[0]) > 2.4  # six bump sds away: unchanged to 1e-7
+    np.testing.assert_allclose(target[far], truth[far], atol=1e-6 * np.ptp(truth))
 
 
 def test_coverage_and_score_on_a_known_gaussian():
@@ -561,3 +580,22 @@ def test_fit_methods_runs_the_matched_calibrations():
     assert valid in (1.0, 4.0)
     np.testing.assert_allclose(fit.estimates["impspec_cal_valid"].sd ** 2,
                                fit.posterior.variance(valid).numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("paired", [True, False])
+def test_batched_bootstrap_calibration_matches_the_loop(paired):
+    chain = sim.mediator_chain(40, 2, 0.5, seed=4, grid_size=8)
+    data, intervention = chain.observed(), chain.intervention()
+    if not paired:
+        other = sim.mediator_chain(30, 2, 0.5, seed=5).observed()
+        data = FusedData(data.A, data.V0, other.V1, other.Y)
+    fit = ex.fit_impspec(data, intervention, 15)
+    batched = cal.calibrate_measure_scale(data, fit.outcome, fit.treatment, intervention,
+                                          n_boot=5, seed=1)
+    # naming the (only) column of A sends the same problem through the per-bootstrap loop
+    looped = cal.calibrate_measure_scale(data, fit.outcome, fit.treatment,
+                                         Intervention(intervention.values, columns=(0,)),
+                                         n_boot=5, seed=1)
+    assert batched.scale == looped.scale
+    np.testing.assert_allclose(batched.losses, looped.losses, atol=1e-12)
+    np.testing.assert_allclose(batched.coverage, looped.coverage, atol=1e-12)

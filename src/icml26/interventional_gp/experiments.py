@@ -195,21 +195,44 @@ class SeedResult:
     within: float = float("nan")
     mean_variance: dict[str, float] = field(default_factory=dict)
     boot_losses: dict[float, float] = field(default_factory=dict)
+    y_variance: float = float("nan")  # Var(Y), the output scale of the BO's base kernel
+
+
+def misplaced_target(truth, prior_mean, grid, width: float = 0.1) -> np.ndarray:
+    r"""The BO target with its maximum moved away from the prior mean's maximum.
+
+    Adds to $\theta$ a Gaussian bump of height $\max\theta - \min\theta$ and sd ``width``
+    times the grid's range, centred at the grid point farthest from $\arg\max m$: the new
+    maximum lies where the observational estimate $m$ does not point (an effect that the
+    observational data cannot show, e.g. a pathway that only the intervention opens).
+    """
+    truth, prior_mean = np.asarray(truth, float), np.asarray(prior_mean, float)
+    grid = np.asarray(grid, float).reshape(len(truth), -1)
+    distance = np.linalg.norm(grid - grid[int(np.argmax(prior_mean))], axis=1)
+    centre = grid[int(np.argmax(distance))]
+    spread = width * (grid.max(0) - grid.min(0)).max()
+    bump = np.exp(-0.5 * np.sum((grid - centre) ** 2, axis=1) / spread**2)
+    return truth + (truth.max() - truth.min()) * bump
 
 
 def run_cbo(fit: Fit, truth, grid, n_iter: int, start: int) -> dict[str, BOTrace]:
     """EI with the causal prior (calibrated IMPspec) against a zero-mean GP, same base kernel.
 
     ``"mean_only"`` is the ablation that keeps the causal prior's mean and drops its
-    uncertainty term (covariance $k$ alone), so that a gain can be split between the two.
+    uncertainty term (covariance $k$ alone), so that a gain can be split between the two. The
+    keys ending in ``"_misplaced"`` run the same three priors on :func:`misplaced_target`.
     """
     base = GaussianKernel(fit.treatment.kernel.lengthscale, float(fit.posterior.data.Y.var()))
     base_cov = base.gram(grid).numpy()
     est = fit.estimates.get("impspec_cal", fit.estimates["impspec"])
     mean, cov = causal_prior(est.mean, est.sd**2, base_cov)
-    return {"causal": bayes_opt(truth, mean, cov, n_iter, start),
-            "mean_only": bayes_opt(truth, mean, base_cov, n_iter, start),
-            "zero_mean": bayes_opt(truth, np.zeros_like(truth), base_cov, n_iter, start)}
+    traces = {}
+    for suffix, target in (("", truth), ("_misplaced", misplaced_target(truth, mean, grid))):
+        traces["causal" + suffix] = bayes_opt(target, mean, cov, n_iter, start)
+        traces["mean_only" + suffix] = bayes_opt(target, mean, base_cov, n_iter, start)
+        traces["zero_mean" + suffix] = bayes_opt(target, np.zeros_like(mean), base_cov, n_iter,
+                                                 start)
+    return traces
 
 
 def run_mediator_seed(seed: int, n: int = 100, d: int = 5, noise: float = 0.5,
@@ -233,7 +256,7 @@ def run_mediator_seed(seed: int, n: int = 100, d: int = 5, noise: float = 0.5,
                             strict=True)) if fit.calibration else {})
     return SeedResult(seed, evaluate(fit.estimates, truth), scale, bo, seconds,
                       evaluate(fit.inner, truth), inner_variance, within, mean_variance,
-                      boot_losses)
+                      boot_losses, float(fit.posterior.data.Y.var()))
 
 
 @dataclass(frozen=True)
@@ -268,7 +291,7 @@ def summarise(results: list[SeedResult]) -> StudySummary:
     """
     if not results:
         raise ValueError("no seeds to summarise")
-    names = [m for m in METHODS if any(m in r.metrics for r in results)]
+    names = list(dict.fromkeys(name for r in results for name in r.metrics))
 
     def per_seed(name, attr):
         return np.array([getattr(r.metrics[name], attr) for r in results if name in r.metrics])

@@ -85,7 +85,11 @@ def scaled_square_distance(X: torch.Tensor, Y: torch.Tensor, lengthscale: torch.
     that stays finite at zero distance (no square root)."""
     centre = X.mean(0).detach()
     x, y = (X - centre) / lengthscale, (Y - centre) / lengthscale
-    return ((x**2).sum(-1)[:, None] + (y**2).sum(-1)[None, :] - 2 * x @ y.T).clamp_min(0.0)
+    square = (x**2).sum(-1)[:, None] + (y**2).sum(-1)[None, :] - 2 * x @ y.T
+    if Y is X:  # exactly symmetric with a zero diagonal
+        square = 0.5 * (square + square.T)
+        square = square - torch.diag_embed(torch.diagonal(square))
+    return square.clamp_min(0.0)
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,8 @@ def integral_operator_tensor(X, Y, lengthscale, outputscale, mean, sd) -> torch.
     a, b = (1 / ell2 + 1 / spread) / 4, (1 / ell2 - 1 / spread) / 4
     x, y = X - mean, Y - mean
     exponent = (x**2 @ a)[:, None] + (y**2 @ a)[None, :] - 2 * (x * b) @ y.T
+    if Y is X:  # exactly symmetric, as the matrix product alone need not be
+        exponent = 0.5 * (exponent + exponent.T)
     factor = torch.sqrt(ell2 / spread).prod()
     return outputscale**2 * factor * torch.exp(-exponent)
 
