@@ -599,3 +599,15 @@ def test_batched_bootstrap_calibration_matches_the_loop(paired):
     assert batched.scale == looped.scale
     np.testing.assert_allclose(batched.losses, looped.losses, atol=1e-12)
     np.testing.assert_allclose(batched.coverage, looped.coverage, atol=1e-12)
+
+
+def test_bias_share_separates_a_constant_offset_from_noise():
+    rng = np.random.default_rng(0)
+    truth = np.sin(np.linspace(0, 3, 30))
+    results = [ex.SeedResult(seed, {}, 1.0, {}, {}, means={"impspec": truth + 0.3
+                                                         + 0.3 * rng.standard_normal(30)},
+                             truth=truth) for seed in range(400)]
+    # bias^2 = 0.09 and variance 0.09: half the squared error is bias
+    assert ex.bias_share(results) == pytest.approx(0.5, abs=0.03)
+    with pytest.raises(ValueError, match="two data sets"):
+        ex.bias_share(results[:1])

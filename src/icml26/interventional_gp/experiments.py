@@ -196,6 +196,8 @@ class SeedResult:
     mean_variance: dict[str, float] = field(default_factory=dict)
     boot_losses: dict[float, float] = field(default_factory=dict)
     y_variance: float = float("nan")  # Var(Y), the output scale of the BO's base kernel
+    means: dict[str, np.ndarray] = field(default_factory=dict)  # posterior means on the grid
+    truth: np.ndarray | None = None
 
 
 def misplaced_target(truth, prior_mean, grid, width: float = 0.1) -> np.ndarray:
@@ -256,7 +258,9 @@ def run_mediator_seed(seed: int, n: int = 100, d: int = 5, noise: float = 0.5,
                             strict=True)) if fit.calibration else {})
     return SeedResult(seed, evaluate(fit.estimates, truth), scale, bo, seconds,
                       evaluate(fit.inner, truth), inner_variance, within, mean_variance,
-                      boot_losses, float(fit.posterior.data.Y.var()))
+                      boot_losses, float(fit.posterior.data.Y.var()),
+                      {name: est.mean for name, est in fit.estimates.items()},
+                      np.asarray(truth, float))
 
 
 @dataclass(frozen=True)
@@ -275,6 +279,19 @@ class StudySummary:
     def bo_regret(self, name: str) -> float:
         """Simple regret averaged over the queries after the first (``eq-igp-regret``)."""
         return float(self.regret[name][1:].mean())
+
+
+def bias_share(results: list[SeedResult], name: str = "impspec") -> float:
+    r"""Estimated share of the mean squared error of ``name``'s mean that is bias.
+
+    Every data set of a study estimates the same $\theta$, so the bias at $a$ is estimated by the
+    mean error over data sets; the share is $\sum_a \text{bias}(a)^2 / \sum_a \text{MSE}(a)$
+    (it includes the sampling noise of that mean, about $1/S$ of the variance for $S$ data sets).
+    """
+    errors = np.array([r.means[name] - r.truth for r in results])
+    if len(errors) < 2:
+        raise ValueError("the bias share needs at least two data sets")
+    return float((errors.mean(0) ** 2).sum() / (errors**2).mean(0).sum())
 
 
 def run_study(seeds, **options) -> list[SeedResult]:
