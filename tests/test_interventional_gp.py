@@ -283,7 +283,10 @@ def test_sampling_baseline_agrees_with_impspec_on_an_easy_chain():
     fit = ex.fit_impspec(data, iv, max_iter=60)
     stage = fit_sampling_stage(data, max_iter=60)
     mean, var = sampling_gp_moments(data, fit.outcome, stage, iv, n_draws=40, n_inner=8, seed=0)
-    assert np.abs(mean.numpy() - chain.truth()).max() < 0.15
+    # the edge of the grid carries a bias of about 0.14 (2000 draws); 40 draws add Monte Carlo
+    # error, so the bound is 0.15 plus four of its standard errors
+    mc_se = (var / 40).sqrt().numpy()
+    assert (np.abs(mean.numpy() - chain.truth()) < 0.15 + 4 * mc_se).all()
     assert (var > 0).all()
     again = sampling_gp_moments(data, fit.outcome, stage, iv, n_draws=40, n_inner=8, seed=0)
     assert torch.equal(mean, again[0])
@@ -332,7 +335,7 @@ def test_per_point_sampler_matches_the_grid_joint_sampler(sampling_setup):
 def test_inner_draws_follow_the_law_of_total_variance(sampling_setup):
     data, iv, outcome, stage = sampling_setup
     sweep = sampling_gp_inner_sweep(data, outcome, stage, iv, n_draws=1500, inner=(1, 4, 40),
-                                    seed=3, within=True)
+                                    seed=3, within=True, within_draws=300)
     v_inf = sweep[40][1] - sweep["within"] / 40
     for m in (1, 4):
         predicted = v_inf + sweep["within"] / m
