@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import DTYPE
+from .kernels import DTYPE, one_thread
 from .posterior import FusedData, GPStage, Intervention, treatment_weights
 from .training import fit_treatment_stage
 
@@ -79,6 +79,13 @@ def sampling_gp_inner_sweep(data: FusedData, outcome: GPStage, stage: GPStage,
     instead of drawing $f$ at all $M_{\max}$ points: the same joint law of the averages as
     the joint draw of $f$, at $O(N M n_1 + N M^2)$ instead of $O(N (M^2 n_1 + M^3))$ per draw.
     """
+    with one_thread():  # many small operations: a second thread only adds synchronisation
+        return _inner_sweep(data, outcome, stage, intervention, n_draws, inner, seed, within,
+                            within_draws)
+
+
+def _inner_sweep(data, outcome, stage, intervention, n_draws, inner, seed, within,
+                 within_draws):
     if intervention.columns is not None:
         raise ValueError("the sampling baseline supports interventions on every column of A")
     inner = tuple(sorted(set(_check_inner(inner))))  # the last column averages all M points

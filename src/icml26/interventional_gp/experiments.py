@@ -24,7 +24,7 @@ from .calibration import (
     valid_choice,
 )
 from .cbo import BOTrace, bayes_opt, causal_prior
-from .kernels import GaussianKernel, data_measure
+from .kernels import GaussianKernel, data_measure, one_thread
 from .posterior import (
     FusedData,
     GPStage,
@@ -120,6 +120,13 @@ def fit_methods(data: FusedData, intervention: Intervention, max_iter: int = 100
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
+    with one_thread():
+        return _fit_methods(data, intervention, max_iter, scales, n_boot, n_draws, n_inner, seed,
+                            methods, inner_sweep)
+
+
+def _fit_methods(data, intervention, max_iter, scales, n_boot, n_draws, n_inner, seed, methods,
+                 inner_sweep) -> Fit:
     fit = fit_impspec(data, intervention, max_iter)
     post = fit.posterior
     fit.estimates["impspec"] = _estimate(post.mean, post.variance(1.0))
