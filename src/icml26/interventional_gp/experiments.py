@@ -79,6 +79,11 @@ def _estimate(mean, variance) -> Estimate:
 def fit_impspec(data: FusedData, intervention: Intervention, max_iter: int) -> Fit:
     """Both IMPspec stages (``eq-igp-ml-y``, ``eq-igp-ml-a``) and the posterior on the grid (no
     calibration)."""
+    with one_thread():
+        return _fit_impspec(data, intervention, max_iter)
+
+
+def _fit_impspec(data: FusedData, intervention: Intervention, max_iter: int) -> Fit:
     with Timer() as t_outcome:
         outcome = fit_outcome_stage(data.V1, data.Y, max_iter)
     with Timer() as t_treatment:
