@@ -36,10 +36,12 @@ from .experiments import (
     Metrics,
     SeedResult,
     StudySummary,
+    bias_share,
     evaluate,
     fit_bayesimp,
     fit_impspec,
     fit_methods,
+    misplaced_target,
     run_mediator_seed,
     run_study,
     summarise,
@@ -85,6 +87,7 @@ from .training import (
 )
 
 __all__ = [
+    "bias_share", "misplaced_target",
     "BACKDOOR", "BACKDOOR_GRAPH", "BENCHMARK_CHAIN", "BOTrace", "CalibrationResult",
     "DiabetesBackdoor", "Estimate", "Fit", "FusedData", "GPStage", "GaussianKernel",
     "GaussianMeasure", "ImpspecPosterior", "Intervention", "LABELS", "LEVELS", "MEDIATOR_CHAIN",

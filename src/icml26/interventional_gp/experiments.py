@@ -24,7 +24,7 @@ from .calibration import (
     valid_choice,
 )
 from .cbo import BOTrace, bayes_opt, causal_prior
-from .kernels import GaussianKernel, data_measure
+from .kernels import GaussianKernel, data_measure, one_thread
 from .posterior import (
     FusedData,
     GPStage,
@@ -79,6 +79,11 @@ def _estimate(mean, variance) -> Estimate:
 def fit_impspec(data: FusedData, intervention: Intervention, max_iter: int) -> Fit:
     """Both IMPspec stages (``eq-igp-ml-y``, ``eq-igp-ml-a``) and the posterior on the grid (no
     calibration)."""
+    with one_thread():
+        return _fit_impspec(data, intervention, max_iter)
+
+
+def _fit_impspec(data: FusedData, intervention: Intervention, max_iter: int) -> Fit:
     with Timer() as t_outcome:
         outcome = fit_outcome_stage(data.V1, data.Y, max_iter)
     with Timer() as t_treatment:
@@ -99,11 +104,13 @@ def fit_bayesimp(data: FusedData, intervention: Intervention, max_iter: int):
     K00 = outcome.kernel.gram(data.V0)
     treatment = fit_treatment_stage(data.A, K00, outcome.kernel.outputscale, max_iter)
     measure = data_measure(data.V1, 1.0)
+    exact = bayesimp_moments(data, outcome, treatment, intervention, measure)
     moments = {
-        "bayesimp": bayesimp_code_moments(data, outcome, treatment, intervention, measure),
+        "bayesimp": bayesimp_code_moments(data, outcome, treatment, intervention, measure,
+                                          exact=exact),
         "bayesimp_alpha_r": bayesimp_code_moments(data, outcome, treatment, intervention,
-                                                  measure, weights="nuclear"),
-        "bayesimp_exact": bayesimp_moments(data, outcome, treatment, intervention, measure)}
+                                                  measure, weights="nuclear", exact=exact),
+        "bayesimp_exact": exact}
     return (outcome, treatment), moments
 
 
@@ -118,6 +125,13 @@ def fit_methods(data: FusedData, intervention: Intervention, max_iter: int = 100
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
+    with one_thread():
+        return _fit_methods(data, intervention, max_iter, scales, n_boot, n_draws, n_inner, seed,
+                            methods, inner_sweep)
+
+
+def _fit_methods(data, intervention, max_iter, scales, n_boot, n_draws, n_inner, seed, methods,
+                 inner_sweep) -> Fit:
     fit = fit_impspec(data, intervention, max_iter)
     post = fit.posterior
     fit.estimates["impspec"] = _estimate(post.mean, post.variance(1.0))
@@ -193,33 +207,61 @@ class SeedResult:
     within: float = float("nan")
     mean_variance: dict[str, float] = field(default_factory=dict)
     boot_losses: dict[float, float] = field(default_factory=dict)
+    y_variance: float = float("nan")  # Var(Y), the output scale of the BO's base kernel
+    means: dict[str, np.ndarray] = field(default_factory=dict)  # posterior means on the grid
+    truth: np.ndarray | None = None
+
+
+def misplaced_target(truth, prior_mean, grid, width: float = 0.1) -> np.ndarray:
+    r"""The BO target with its maximum moved away from the prior mean's maximum.
+
+    Adds to $\theta$ a Gaussian bump of height $\max\theta - \min\theta$ and sd ``width``
+    times the grid's range, centred at the grid point farthest from $\arg\max m$: the new
+    maximum lies where the observational estimate $m$ does not point (an effect that the
+    observational data cannot show, e.g. a pathway that only the intervention opens).
+    """
+    truth, prior_mean = np.asarray(truth, float), np.asarray(prior_mean, float)
+    grid = np.asarray(grid, float).reshape(len(truth), -1)
+    distance = np.linalg.norm(grid - grid[int(np.argmax(prior_mean))], axis=1)
+    centre = grid[int(np.argmax(distance))]
+    spread = width * (grid.max(0) - grid.min(0)).max()
+    bump = np.exp(-0.5 * np.sum((grid - centre) ** 2, axis=1) / spread**2)
+    return truth + (truth.max() - truth.min()) * bump
 
 
 def run_cbo(fit: Fit, truth, grid, n_iter: int, start: int) -> dict[str, BOTrace]:
     """EI with the causal prior (calibrated IMPspec) against a zero-mean GP, same base kernel.
 
     ``"mean_only"`` is the ablation that keeps the causal prior's mean and drops its
-    uncertainty term (covariance $k$ alone), so that a gain can be split between the two.
+    uncertainty term (covariance $k$ alone), so that a gain can be split between the two. The
+    keys ending in ``"_misplaced"`` run the same three priors on :func:`misplaced_target`.
     """
     base = GaussianKernel(fit.treatment.kernel.lengthscale, float(fit.posterior.data.Y.var()))
     base_cov = base.gram(grid).numpy()
     est = fit.estimates.get("impspec_cal", fit.estimates["impspec"])
     mean, cov = causal_prior(est.mean, est.sd**2, base_cov)
-    return {"causal": bayes_opt(truth, mean, cov, n_iter, start),
-            "mean_only": bayes_opt(truth, mean, base_cov, n_iter, start),
-            "zero_mean": bayes_opt(truth, np.zeros_like(truth), base_cov, n_iter, start)}
+    traces = {}
+    for suffix, target in (("", truth), ("_misplaced", misplaced_target(truth, mean, grid))):
+        traces["causal" + suffix] = bayes_opt(target, mean, cov, n_iter, start)
+        traces["mean_only" + suffix] = bayes_opt(target, mean, base_cov, n_iter, start)
+        traces["zero_mean" + suffix] = bayes_opt(target, np.zeros_like(mean), base_cov, n_iter,
+                                                 start)
+    return traces
 
 
 def run_mediator_seed(seed: int, n: int = 100, d: int = 5, noise: float = 0.5,
                       grid_size: int = 50, bo_iter: int = 10, **fit_options) -> SeedResult:
-    """Simulate, fit every method, then evaluate and run causal BO against the truth."""
+    """Simulate, fit every method, then evaluate and run causal BO against the truth
+    (``bo_iter=0`` skips the BO)."""
     chain = mediator_chain(n, d, noise, seed, grid_size)
     fit = fit_methods(chain.observed(), chain.intervention(), seed=seed, **fit_options)
     truth = chain.truth()
     start = int(np.random.default_rng(seed).integers(grid_size))
-    with Timer() as timer:
-        bo = run_cbo(fit, truth, chain.grid, bo_iter, start)
-    seconds = dict(fit.seconds, **{"causal BO": timer.seconds})
+    bo, seconds = {}, dict(fit.seconds)
+    if bo_iter > 0:
+        with Timer() as timer:
+            bo = run_cbo(fit, truth, chain.grid, bo_iter, start)
+        seconds["causal BO"] = timer.seconds
     scale = fit.calibration.scale if fit.calibration else 1.0
     inner_variance = {m: float(np.mean(est.sd**2)) for m, est in fit.inner.items()}
     within = float(np.mean(fit.within)) if fit.within is not None else float("nan")
@@ -228,7 +270,9 @@ def run_mediator_seed(seed: int, n: int = 100, d: int = 5, noise: float = 0.5,
                             strict=True)) if fit.calibration else {})
     return SeedResult(seed, evaluate(fit.estimates, truth), scale, bo, seconds,
                       evaluate(fit.inner, truth), inner_variance, within, mean_variance,
-                      boot_losses)
+                      boot_losses, float(fit.posterior.data.Y.var()),
+                      {name: est.mean for name, est in fit.estimates.items()},
+                      np.asarray(truth, float))
 
 
 @dataclass(frozen=True)
@@ -249,6 +293,19 @@ class StudySummary:
         return float(self.regret[name][1:].mean())
 
 
+def bias_share(results: list[SeedResult], name: str = "impspec") -> float:
+    r"""Estimated share of the mean squared error of ``name``'s mean that is bias.
+
+    Every data set of a study estimates the same $\theta$, so the bias at $a$ is estimated by the
+    mean error over data sets; the share is $\sum_a \text{bias}(a)^2 / \sum_a \text{MSE}(a)$
+    (it includes the sampling noise of that mean, about $1/S$ of the variance for $S$ data sets).
+    """
+    errors = np.array([r.means[name] - r.truth for r in results])
+    if len(errors) < 2:
+        raise ValueError("the bias share needs at least two data sets")
+    return float((errors.mean(0) ** 2).sum() / (errors**2).mean(0).sum())
+
+
 def run_study(seeds, **options) -> list[SeedResult]:
     """:func:`run_mediator_seed` for every seed."""
     return [run_mediator_seed(int(seed), **options) for seed in seeds]
@@ -256,13 +313,17 @@ def run_study(seeds, **options) -> list[SeedResult]:
 
 def summarise(results: list[SeedResult]) -> StudySummary:
     """Mean RMSE, calibration score and coverage curve (each with its standard error over the
-    seeds), and regret curves."""
+    seeds), and regret curves.
+
+    A method, a BO trace or a stage time missing from some seeds (a study whose later seeds fit
+    fewer methods) is averaged over the seeds that have it.
+    """
     if not results:
         raise ValueError("no seeds to summarise")
-    names = list(results[0].metrics)
+    names = list(dict.fromkeys(name for r in results for name in r.metrics))
 
     def per_seed(name, attr):
-        return np.array([getattr(r.metrics[name], attr) for r in results])
+        return np.array([getattr(r.metrics[name], attr) for r in results if name in r.metrics])
 
     def standard_error(values):
         if len(values) < 2:
@@ -277,9 +338,9 @@ def summarise(results: list[SeedResult]) -> StudySummary:
         score_se={name: float(standard_error(s)) for name, s in scores.items()},
         coverage={name: c.mean(axis=0) for name, c in coverages.items()},
         coverage_se={name: standard_error(c) for name, c in coverages.items()},
-        regret={kind: np.mean([r.bo[kind].regret for r in results], 0)
-                for kind in results[0].bo},
+        regret={kind: np.mean([r.bo[kind].regret for r in results if kind in r.bo], 0)
+                for kind in dict.fromkeys(k for r in results for k in r.bo)},
         scales=[r.scale for r in results],
-        seconds={stage: float(np.mean([r.seconds[stage] for r in results]))
-                 for stage in results[0].seconds},
+        seconds={stage: float(np.mean([r.seconds[stage] for r in results if stage in r.seconds]))
+                 for stage in dict.fromkeys(k for r in results for k in r.seconds)},
     )

@@ -247,7 +247,8 @@ BAYESIMP_WEIGHTS = ("kernel", "nuclear")
 
 def bayesimp_code_moments(data: FusedData, outcome: GPStage, treatment: GPStage,
                           intervention: Intervention, measure: GaussianMeasure,
-                          ridge: float = 1e-4, weights: str = "kernel") -> Moments:
+                          ridge: float = 1e-4, weights: str = "kernel",
+                          exact: Moments | None = None) -> Moments:
     r"""BayesIMP with the variance formula of the authors' baseline code (exact $R$ inside).
 
     The mean and $V_3$ are those of :func:`bayesimp_moments`. The two $\kappa$ terms replace
@@ -257,11 +258,13 @@ def bayesimp_code_moments(data: FusedData, outcome: GPStage, treatment: GPStage,
     term's weights are $\alpha_r = (R + \sigma^2 I)^{-1} y$ with ``weights="nuclear"`` (the
     posterior weights under $r$: the authors' current formula, from commit 21c8e91 to 380913a of
     their code) or $\alpha = (K_{11} + \sigma^2 I)^{-1} y$ with ``weights="kernel"`` (the
-    superseded formula, as stored at commit ff40a32).
+    superseded formula, as stored at commit ff40a32). ``exact`` may pass the moments of
+    :func:`bayesimp_moments` for the same arguments, computed once for several formulas.
     """
     if weights not in BAYESIMP_WEIGHTS:
         raise ValueError(f"weights must be one of {BAYESIMP_WEIGHTS}, got {weights!r}")
-    exact = bayesimp_moments(data, outcome, treatment, intervention, measure)
+    if exact is None:
+        exact = bayesimp_moments(data, outcome, treatment, intervention, measure)
     k = outcome.kernel
     R = integral_operator_gram(k, measure, data.V1)
     K = k.gram(data.V1)

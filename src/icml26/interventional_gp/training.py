@@ -23,6 +23,7 @@ from .kernels import (
     data_measure,
     integral_operator_tensor,
     median_lengthscales,
+    scaled_square_distance,
     stable_cholesky,
 )
 from .posterior import GPStage
@@ -115,8 +116,7 @@ def _log_parameter(value: float) -> torch.Tensor:
 
 
 def _unit_gram(X, lengthscale):
-    diff = (X[:, None, :] - X[None, :, :]) / lengthscale
-    return torch.exp(-0.5 * diff.pow(2).sum(-1))
+    return torch.exp(-0.5 * scaled_square_distance(X, X, lengthscale))
 
 
 def fit_treatment_stage(A, target_gram, trace: float, max_iter: int = 100) -> GPStage:
