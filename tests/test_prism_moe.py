@@ -108,14 +108,37 @@ def test_ridge_delta_never_increases_error_and_matches_lstsq():
     assert np.allclose(w_new, ols, atol=1e-6)
 
 
-def test_ridge_router_matches_scipy():
+def test_ridge_router_matches_brute_force_weighted_ridge():
     rng = np.random.default_rng(2)
-    x = rng.normal(size=(100, 4))
-    t = rng.normal(size=(100, 3))
-    w, b = pm.ridge_router(x, t, lam=0.0)
-    xa = np.hstack([x, np.ones((100, 1))])
-    sol = linalg.lstsq(xa, t - t.mean(1, keepdims=True))[0]
-    assert np.allclose(w, sol[:-1].T, atol=1e-8) and np.allclose(b, sol[-1], atol=1e-8)
+    x = rng.normal(size=(85, 4))
+    t = rng.normal(size=(85, 3))
+    w_tok = pm.stage_token_weights()
+    lam = 0.3
+    rows = pm.ridge_router(x, t, lam=lam, weights=w_tok)
+    # reference: augmented weighted least squares, no intercept, then unit rows
+    gram = (x * w_tok[:, None]).T @ x
+    reg = lam * np.mean(np.diag(gram))
+    xa = np.vstack([np.sqrt(w_tok)[:, None] * x, np.sqrt(reg) * np.eye(4)])
+    ta = np.vstack([np.sqrt(w_tok)[:, None] * (t - t.mean(1, keepdims=True)), np.zeros((4, 3))])
+    sol = linalg.lstsq(xa, ta)[0].T
+    assert np.allclose(rows, sol / np.linalg.norm(sol, axis=1, keepdims=True), atol=1e-8)
+    assert np.allclose(np.linalg.norm(rows, axis=1), 1.0)
+    # every scale carries the same total weight
+    offsets = pm.scale_offsets()
+    pairs = zip(offsets[:-1], offsets[1:], strict=True)
+    assert np.allclose([w_tok[a:b].sum() for a, b in pairs], 1.0)
+
+
+def test_balance_bias_moves_towards_uniform_and_is_capped():
+    logits = np.zeros((60, 4))
+    logits[:, 0] = 1.0  # expert 0 always chosen first, experts 1..3 tie for second
+    bias = pm.balance_bias(logits, 1, strength=0.25, max_abs=2.0)
+    assert abs(bias.sum()) < 1e-12 and bias[0] < 0 and np.all(bias[1:] > 0)
+    assert np.all(np.abs(bias) <= 2.0 + 1e-12)
+    counts = np.array([60.0, 0, 0, 0])
+    eps = 1 / 60
+    delta = 0.25 * (np.log(0.25 + eps) - np.log(counts / 60 + eps))
+    assert np.allclose(bias, delta - delta.mean())
 
 
 def test_capacity_kmeans_gives_equal_sizes_and_recovers_clusters():
@@ -219,3 +242,32 @@ def test_convert_rejects_bad_fractions(tiny):
         pm.convert(model, [], "prism", 1.5)
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
         pm.convert(model, [], "random", 0.0)
+
+
+
+def test_teacher_script_round_trip(tmp_path):
+    out = tmp_path / "teachers.pt"
+    pm.main(["--seeds", "3", "4", "--steps", "2", "--out", str(out)])
+    models, seeds, recipe = pm.load_teachers(out)
+    assert seeds == [3, 4] and recipe["steps"] == 2 and len(models) == 2
+    again = pm.train_teachers([3], **{**pm.TEACHER_RECIPE, "steps": 2})[0]
+    for a, b in zip(models[0].parameters(), again.parameters(), strict=True):
+        assert torch.allclose(a, b) and not a.requires_grad
+
+
+def test_committed_teachers_follow_the_recipe_and_are_competent():
+    from sklearn.linear_model import LogisticRegression
+
+    models, seeds, recipe = pm.load_teachers()
+    assert recipe == pm.TEACHER_RECIPE and len(seeds) >= 4
+    tokens, labels = pm.digit_pyramids(recipe["levels"])
+    train_idx, _ = pm.teacher_split(labels=labels)
+
+    def pixels(p):
+        return pm.dequantise(np.asarray(p)[:, 21:], recipe["levels"]) / 16.0
+
+    clf = LogisticRegression(max_iter=2000).fit(pixels(tokens[train_idx]), labels[train_idx])
+    wanted = np.arange(100) % 10
+    for model in models:
+        samples = pm.generate(model, wanted, torch.Generator().manual_seed(0))
+        assert clf.score(pixels(samples), wanted) >= 0.8
