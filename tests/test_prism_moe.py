@@ -271,3 +271,23 @@ def test_committed_teachers_follow_the_recipe_and_are_competent():
     scores = [clf.score(pixels(pm.generate(m, wanted, torch.Generator().manual_seed(s + 7))),
                         wanted) for m, s in zip(models, seeds, strict=True)]
     assert sum(score >= 0.82 for score in scores) >= 4
+
+
+def test_committed_teachers_live_in_data_and_the_cache_key_covers_them(tmp_path, monkeypatch):
+    """The teachers are a stored data file (``data/README.md`` lists its checksum), the module
+    finds it from a clean checkout, and the chapter's cache key changes with its bytes."""
+    import shutil
+
+    from icml26.toolchain import pipeline
+
+    assert pm.TEACHER_FILE == pipeline.DATA_DIR / "prism_moe_teachers.pt"
+    assert (pipeline.DATA_DIR / "make_prism_moe_teachers.py").is_file()
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(pm.TEACHER_FILE, data / pm.TEACHER_FILE.name)
+    monkeypatch.setattr(pipeline, "DATA_DIR", data)
+    chapter = next(c for c in pipeline.chapters() if c.slug == "prism-moe")
+    before = pipeline.cache_key(chapter, "smoke", 0)
+    stored = data / pm.TEACHER_FILE.name
+    stored.write_bytes(stored.read_bytes()[:-1] + b"\x01")
+    assert pipeline.cache_key(chapter, "smoke", 0) != before

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -879,8 +880,9 @@ def time_forward(model: VARLite, inputs: torch.Tensor, repeats: int = 5) -> floa
 
 # --- Trained dense teachers ------------------------------------------------------------------
 
-TEACHER_FILE = "prism_moe_teachers.pt"
-"""State dicts of the chapter's dense models, next to this module (written by :func:`main`)."""
+TEACHER_FILE = Path(__file__).resolve().parents[2] / "data" / "prism_moe_teachers.pt"
+"""State dicts of the chapter's dense models, written by ``data/make_prism_moe_teachers.py``
+(which calls :func:`main`) and listed with its checksum in ``data/README.md``."""
 
 TEACHER_RECIPE = dict(levels=4, d_model=32, d_mlp=128, steps=600, lr=6e-3, batch_size=32,
                       split_seed=0, test_size=0.2)
@@ -922,9 +924,7 @@ def save_teachers(models: list[VARLite], seeds, path, recipe: dict) -> None:
 
 def load_teachers(path=None) -> tuple[list[VARLite], list[int], dict]:
     """The committed dense models (frozen), their seeds and their recipe."""
-    from pathlib import Path
-
-    path = Path(__file__).with_name(TEACHER_FILE) if path is None else Path(path)
+    path = TEACHER_FILE if path is None else Path(path)
     blob = torch.load(path, weights_only=True)
     recipe = blob["recipe"]
     models = []
@@ -942,12 +942,11 @@ def load_teachers(path=None) -> tuple[list[VARLite], list[int], dict]:
 def main(argv=None) -> None:
     """``python -m icml26.prism_moe [--seeds ...] [--out PATH]``: train and save the teachers."""
     import argparse
-    from pathlib import Path
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(0, 6000, 1000)))
     parser.add_argument("--steps", type=int, default=TEACHER_RECIPE["steps"])
-    parser.add_argument("--out", default=str(Path(__file__).with_name(TEACHER_FILE)))
+    parser.add_argument("--out", default=str(TEACHER_FILE))
     args = parser.parse_args(argv)
     recipe = {**TEACHER_RECIPE, "steps": args.steps}
     torch.set_num_threads(1)
