@@ -291,3 +291,22 @@ def test_committed_teachers_live_in_data_and_the_cache_key_covers_them(tmp_path,
     stored = data / pm.TEACHER_FILE.name
     stored.write_bytes(stored.read_bytes()[:-1] + b"\x01")
     assert pipeline.cache_key(chapter, "smoke", 0) != before
+
+
+def test_finetuning_with_cached_teacher_logits_equals_the_teacher_forward(tiny):
+    import copy
+
+    model, x, y = tiny
+    gen = pm.generate(model, np.arange(16) % 10, torch.Generator().manual_seed(0))
+    stats = pm.layer_statistics(model, x, y, pm.var_inputs(gen, np.arange(16) % 10, 4))
+    moe, _ = pm.convert(model, stats, "prism", 0.375, n_experts=6, min_tokens=1)
+    cached = pm.teacher_logits(model, x, chunk=16)
+    assert torch.allclose(cached, model(x), atol=1e-5)
+    loss = pm.stage2_loss(model, route_weight=0.1, lb_weight=0.01)
+    assert torch.allclose(loss(moe, x[:8], y[:8]), loss(moe, x[:8], y[:8], cached[:8]),
+                          atol=1e-5)
+    runs = [copy.deepcopy(moe) for _ in range(2)]
+    pm.finetune(runs[0], model, x, y, steps=3, batch_size=8, seed=2)
+    pm.finetune(runs[1], model, x, y, steps=3, batch_size=8, seed=2, cached=cached)
+    for a, b in zip(runs[0].parameters(), runs[1].parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-5)

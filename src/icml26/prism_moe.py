@@ -149,11 +149,13 @@ class VARLite(nn.Module):
 
 def train_var(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *, steps: int,
               batch_size: int = 64, lr: float = 3e-3, loss=None, params=None, seed: int = 0,
-              eval_every: int = 0, eval_fn=None) -> dict:
+              eval_every: int = 0, eval_fn=None, aux: torch.Tensor | None = None) -> dict:
     """AdamW with warm-up and cosine decay on random mini-batches of whole pyramids.
 
-    ``loss(model, x, y)`` defaults to the mean cross-entropy; ``eval_fn(model)`` is called every
-    ``eval_every`` steps (and at step 0 and at the end) for learning curves.
+    ``loss(model, x, y)`` defaults to the mean cross-entropy; with ``aux`` (a tensor aligned with
+    ``inputs``, such as a teacher's precomputed logits) it is ``loss(model, x, y, aux[rows])``.
+    ``eval_fn(model)`` is called every ``eval_every`` steps (and at step 0 and at the end) for
+    learning curves.
     """
     steps = check_count(steps, "steps", 1)
     loss = (lambda m, x, y: F.cross_entropy(m(x).flatten(0, 1), y.flatten())) \
@@ -177,7 +179,8 @@ def train_var(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *, 
     model.train()
     for step in range(steps):
         rows = torch.randint(len(inputs), (batch_size,), generator=generator)
-        value = loss(model, inputs[rows], targets[rows])
+        batch = (inputs[rows], targets[rows]) + (() if aux is None else (aux[rows],))
+        value = loss(model, *batch)
         optimizer.zero_grad(set_to_none=True)
         value.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -805,20 +808,35 @@ def stage2_loss(teacher: VARLite, route_weight: float = 0.1, kd_weight: float = 
     that replaces the routing supervision by a balance term).
     """
 
-    def loss(model: VARLite, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return _stage2_value(model, moe_layers(model), teacher, x, y, route_weight, kd_weight,
+    def loss(model: VARLite, x: torch.Tensor, y: torch.Tensor,
+             teacher_logits: torch.Tensor | None = None) -> torch.Tensor:
+        forward = teacher if teacher_logits is None else (lambda _: teacher_logits)
+        return _stage2_value(model, moe_layers(model), forward, x, y, route_weight, kd_weight,
                              confidence, lb_weight)
 
     return loss
 
 
+@torch.no_grad()
+def teacher_logits(teacher: VARLite, inputs: torch.Tensor, chunk: int = 512) -> torch.Tensor:
+    """The frozen teacher's logits on every row of ``inputs``, computed once for fine-tuning."""
+    teacher.eval()
+    return torch.cat([teacher(inputs[i:i + chunk]) for i in range(0, len(inputs), chunk)])
+
+
 def finetune(model: VARLite, teacher: VARLite, inputs, targets, *, steps: int,
              route_weight: float = 0.1, lr: float = 1e-3, batch_size: int = 64, seed: int = 0,
-             eval_every: int = 0, eval_fn=None, lb_weight: float = 0.0) -> dict:
-    """Stage II fine-tuning of every parameter of ``model`` (eq-pm-stage2)."""
+             eval_every: int = 0, eval_fn=None, lb_weight: float = 0.0,
+             cached: torch.Tensor | None = None) -> dict:
+    """Stage II fine-tuning of every parameter of ``model`` (eq-pm-stage2).
+
+    The teacher is frozen: ``cached``, its logits on every row of ``inputs``
+    (:func:`teacher_logits`), saves its forward pass at every step and can be shared between runs
+    on the same teacher and data; without it the teacher runs on each batch.
+    """
     return train_var(model, inputs, targets, steps=steps, batch_size=batch_size, lr=lr,
                      loss=stage2_loss(teacher, route_weight, lb_weight=lb_weight), seed=seed,
-                     eval_every=eval_every, eval_fn=eval_fn)
+                     eval_every=eval_every, eval_fn=eval_fn, aux=cached)
 
 
 # --- Costs -------------------------------------------------------------------------------------
