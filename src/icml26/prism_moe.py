@@ -379,9 +379,16 @@ class MoEMLP(nn.Module):
         if not self.n_experts:
             return y
         gates, logits = self.select(x)
-        experts = self.expert_outputs(x)
-        y = y + (gates.unsqueeze(-1) * experts).sum(-2)
+        n_exp, m, d = self.w1_e.shape
+        # every expert's hidden units in one matmul, then sum_e g_e W2_e h_e as one matmul over
+        # the gate-scaled units (the same as summing gated expert_outputs, with fewer copies)
+        h = F.gelu(x @ self.w1_e.reshape(n_exp * m, d).T + self.b1_e.reshape(-1))
+        gated = (h.unflatten(-1, (n_exp, m)) * gates.unsqueeze(-1)).flatten(-2)
+        y = y + gated @ self.w2_e.permute(1, 0, 2).reshape(d, n_exp * m).T
         if self.record:
+            with torch.no_grad():
+                experts = torch.einsum("...em,edm->...ed", h.unflatten(-1, (n_exp, m)),
+                                       self.w2_e)
             self.last = {"x": x, "logits": logits, "experts": experts}
         return y
 
