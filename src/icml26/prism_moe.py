@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -148,11 +149,13 @@ class VARLite(nn.Module):
 
 def train_var(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *, steps: int,
               batch_size: int = 64, lr: float = 3e-3, loss=None, params=None, seed: int = 0,
-              eval_every: int = 0, eval_fn=None) -> dict:
+              eval_every: int = 0, eval_fn=None, aux: torch.Tensor | None = None) -> dict:
     """AdamW with warm-up and cosine decay on random mini-batches of whole pyramids.
 
-    ``loss(model, x, y)`` defaults to the mean cross-entropy; ``eval_fn(model)`` is called every
-    ``eval_every`` steps (and at step 0 and at the end) for learning curves.
+    ``loss(model, x, y)`` defaults to the mean cross-entropy; with ``aux`` (a tensor aligned with
+    ``inputs``, such as a teacher's precomputed logits) it is ``loss(model, x, y, aux[rows])``.
+    ``eval_fn(model)`` is called every ``eval_every`` steps (and at step 0 and at the end) for
+    learning curves.
     """
     steps = check_count(steps, "steps", 1)
     loss = (lambda m, x, y: F.cross_entropy(m(x).flatten(0, 1), y.flatten())) \
@@ -176,7 +179,8 @@ def train_var(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *, 
     model.train()
     for step in range(steps):
         rows = torch.randint(len(inputs), (batch_size,), generator=generator)
-        value = loss(model, inputs[rows], targets[rows])
+        batch = (inputs[rows], targets[rows]) + (() if aux is None else (aux[rows],))
+        value = loss(model, *batch)
         optimizer.zero_grad(set_to_none=True)
         value.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -375,9 +379,16 @@ class MoEMLP(nn.Module):
         if not self.n_experts:
             return y
         gates, logits = self.select(x)
-        experts = self.expert_outputs(x)
-        y = y + (gates.unsqueeze(-1) * experts).sum(-2)
+        n_exp, m, d = self.w1_e.shape
+        # every expert's hidden units in one matmul, then sum_e g_e W2_e h_e as one matmul over
+        # the gate-scaled units (the same as summing gated expert_outputs, with fewer copies)
+        h = F.gelu(x @ self.w1_e.reshape(n_exp * m, d).T + self.b1_e.reshape(-1))
+        gated = (h.unflatten(-1, (n_exp, m)) * gates.unsqueeze(-1)).flatten(-2)
+        y = y + gated @ self.w2_e.permute(1, 0, 2).reshape(d, n_exp * m).T
         if self.record:
+            with torch.no_grad():
+                experts = torch.einsum("...em,edm->...ed", h.unflatten(-1, (n_exp, m)),
+                                       self.w2_e)
             self.last = {"x": x, "logits": logits, "experts": experts}
         return y
 
@@ -511,19 +522,68 @@ def capacity_kmeans(features: np.ndarray, weights: np.ndarray, n_groups: int,
     return labels
 
 
-def ridge_router(x: np.ndarray, targets: np.ndarray, lam: float = 1e-2):
-    """Router ``(W, b)`` minimising ``||[x, 1] [W, b]^T - T||^2 + lam * mean diag * ||.||^2``.
+def stage_token_weights(sides=SIDES) -> np.ndarray:
+    """Per-position weight ``1 / side^2`` of a position's scale: every scale weighs the same.
 
-    ``targets`` are centred per token (eq-pm-router). Float64 normal equations.
+    The release code's ``stage_weight="uniform"`` scales each generation stage's Gram matrix by
+    ``1 / pn^2``, ``pn`` the side of the stage's token map.
+    """
+    offsets = scale_offsets(sides)
+    return np.concatenate([np.full(offsets[k + 1] - offsets[k], 1.0 / side ** 2)
+                           for k, side in enumerate(sides)])
+
+
+def ridge_router(x: np.ndarray, targets: np.ndarray, lam: float = 1e-2,
+                 weights: np.ndarray | None = None) -> np.ndarray:
+    """Router rows ``W`` (E, d), as in the release code (eq-pm-router).
+
+    Minimises ``sum_t w_t ||W x_t - T_t||^2 + lam * mean diag(G) * ||W||^2`` with the weighted
+    Gram matrix ``G = sum_t w_t x_t x_t^T``, no intercept and the targets centred per token, then
+    rescales each expert's row to unit length (float64 normal equations).
     """
     x = np.asarray(x, float)
     t = np.asarray(targets, float)
+    if x.ndim != 2 or t.ndim != 2 or len(x) != len(t):
+        raise ValueError("x and targets must be 2-D with one row per token")
+    w = np.ones(len(x)) if weights is None else np.asarray(weights, float)
+    if w.shape != (len(x),) or np.any(w < 0):
+        raise ValueError("weights must be one non-negative number per token")
     t = t - t.mean(1, keepdims=True)
-    xa = np.hstack([x, np.ones((len(x), 1))])
-    gram = xa.T @ xa
-    reg = lam * np.mean(np.diag(gram))
-    sol = np.linalg.solve(gram + reg * np.eye(len(gram)), xa.T @ t)
-    return sol[:-1].T, sol[-1]
+    gram = (x * w[:, None]).T @ x
+    reg = lam * max(float(np.mean(np.diag(gram))), 1e-8)
+    sol = np.linalg.solve(gram + reg * np.eye(len(gram)), (x * w[:, None]).T @ t)
+    rows = sol.T
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+
+
+def balance_bias(logits: np.ndarray, top_k: int, strength: float = 0.25,
+                 max_abs: float = 2.0) -> np.ndarray:
+    """One balance update of the router bias from top-k counts, as in the release code.
+
+    ``delta = strength * (log(1/E + eps) - log(freq + eps))`` with ``eps = 1 / total``, centred,
+    clipped to ``[-max_abs, max_abs]`` and centred again.
+    """
+    logits = np.asarray(logits, float)
+    n_exp = logits.shape[1]
+    top = np.argsort(-logits, axis=1, kind="stable")[:, :top_k]
+    counts = np.bincount(top.ravel(), minlength=n_exp).astype(float)
+    total = counts.sum()
+    eps = 1.0 / max(total, 1.0)
+    delta = strength * (np.log(1.0 / n_exp + eps) - np.log(counts / total + eps))
+    bias = delta - delta.mean()
+    if max_abs > 0:
+        bias = np.clip(bias, -max_abs, max_abs)
+        bias = bias - bias.mean()
+    return bias
+
+
+def expert_usage(layer: MoEMLP, x: torch.Tensor) -> float:
+    """Share of a layer's experts selected by at least one of the tokens ``x``."""
+    if not layer.n_experts:
+        return 1.0
+    with torch.no_grad():
+        top = layer.router_logits(x.reshape(-1, x.shape[-1])).topk(layer.top_k, -1).indices
+    return float(len(torch.unique(top)) / layer.n_experts)
 
 
 def ridge_delta(h: np.ndarray, residual: np.ndarray, w_old: np.ndarray, lam_rel: float,
@@ -634,13 +694,10 @@ def convert(dense: VARLite, stats: list[LayerStats], method: str, fraction: floa
         labels = capacity_kmeans(np.hstack([0.5 * w1n, prof]), st.taylor[rest], n_exp)
         groups = np.stack([rest[labels == g] for g in range(n_exp)])
         x = st.x_traj
-        rw, rb = ridge_router(x.numpy(), _expert_energy(mlp, x, groups))
-        logits = x.numpy() @ rw.T + rb
-        top = np.argsort(-logits, axis=1)[:, :top_k]
-        counts = np.bincount(top.ravel(), minlength=n_exp) + 0.0
-        eps = 1e-6
-        bias = balance * (np.log(1 / n_exp + eps) - np.log(counts / counts.sum() + eps))
-        rb = rb + np.clip(bias - bias.mean(), -2, 2)
+        n_seq = st.x_traj_seq.shape[0]
+        token_w = np.tile(stage_token_weights(dense.sides), n_seq)
+        rw = ridge_router(x.numpy(), _expert_energy(mlp, x, groups), weights=token_w)
+        rb = balance_bias(x.numpy() @ rw.T, top_k, balance) if balance > 0 else np.zeros(n_exp)
         layer = MoEMLP(mlp, shared, groups, top_k, torch.tensor(rw), torch.tensor(rb))
         if method == "prism":
             report["errors"].extend(_compensate(layer, mlp, x, min_tokens, i))
@@ -706,43 +763,87 @@ def routing_targets(layer: MoEMLP, x: torch.Tensor, experts: torch.Tensor,
         return (score / temperature).softmax(-1)
 
 
-def stage2_loss(teacher: VARLite, route_weight: float = 0.1, kd_weight: float = 1.0,
-                confidence: bool = True):
-    """CE + KD(dense teacher) + confidence-weighted routing supervision (eq-pm-stage2)."""
-
-    def loss(model: VARLite, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            t_logp = F.log_softmax(teacher(x), -1)
-            entropy = -(t_logp.exp() * t_logp).sum(-1)  # (B, T)
-            weight = entropy / entropy.mean() if confidence else torch.ones_like(entropy)
-        layers = moe_layers(model)
+def _stage2_value(forward, layers: list, teacher_forward, x: torch.Tensor, y: torch.Tensor,
+                  route_weight: float, kd_weight: float, confidence: bool,
+                  lb_weight: float) -> torch.Tensor:
+    """The fine-tuning loss of one model, given its forward and its MoE layers."""
+    with torch.no_grad():
+        t_logp = F.log_softmax(teacher_forward(x), -1)
+        entropy = -(t_logp.exp() * t_logp).sum(-1)  # (B, T)
+        weight = entropy / entropy.mean() if confidence else torch.ones_like(entropy)
+    record = route_weight > 0 or lb_weight > 0
+    for layer in layers:
+        layer.record = record
+    logits = forward(x)
+    total = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+    logp = F.log_softmax(logits, -1)
+    total = total + kd_weight * (t_logp.exp() * (t_logp - logp)).sum(-1).mean()
+    if record:
         for layer in layers:
-            layer.record = route_weight > 0
-        logits = model(x)
-        total = F.cross_entropy(logits.flatten(0, 1), y.flatten())
-        logp = F.log_softmax(logits, -1)
-        total = total + kd_weight * (t_logp.exp() * (t_logp - logp)).sum(-1).mean()
-        if route_weight > 0:
-            for layer in layers:
-                if not layer.n_experts:
-                    continue
-                rec = layer.last
+            if not layer.n_experts:
+                continue
+            rec = layer.last
+            if route_weight > 0:
                 q = routing_targets(layer, rec["x"], rec["experts"].detach())
                 ce = -(q * F.log_softmax(rec["logits"], -1)).sum(-1)
                 total = total + route_weight * (weight * ce).mean() / len(layers)
-                layer.record, layer.last = False, {}
-        return total
+            if lb_weight > 0:
+                total = total + lb_weight * load_balance_loss(rec["logits"], layer.top_k) \
+                    / len(layers)
+            layer.record, layer.last = False, {}
+    return total
+
+
+def load_balance_loss(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Switch-style auxiliary loss ``E * sum_e f_e P_e`` (1 when the routing is uniform).
+
+    ``f_e`` is the share of top-k slots that go to expert ``e`` (no gradient) and ``P_e`` its
+    mean router probability.
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    n_exp = flat.shape[-1]
+    top = flat.topk(top_k, -1).indices
+    share = torch.zeros_like(flat).scatter(-1, top, 1.0).mean(0) / top_k
+    return n_exp * (share.detach() * flat.softmax(-1).mean(0)).sum()
+
+
+def stage2_loss(teacher: VARLite, route_weight: float = 0.1, kd_weight: float = 1.0,
+                confidence: bool = True, lb_weight: float = 0.0):
+    """CE + KD(dense teacher) + confidence-weighted routing supervision (eq-pm-stage2).
+
+    ``lb_weight > 0`` adds the load-balancing loss of :func:`load_balance_loss` (the baseline
+    that replaces the routing supervision by a balance term).
+    """
+
+    def loss(model: VARLite, x: torch.Tensor, y: torch.Tensor,
+             teacher_logits: torch.Tensor | None = None) -> torch.Tensor:
+        forward = teacher if teacher_logits is None else (lambda _: teacher_logits)
+        return _stage2_value(model, moe_layers(model), forward, x, y, route_weight, kd_weight,
+                             confidence, lb_weight)
 
     return loss
 
 
+@torch.no_grad()
+def teacher_logits(teacher: VARLite, inputs: torch.Tensor, chunk: int = 512) -> torch.Tensor:
+    """The frozen teacher's logits on every row of ``inputs``, computed once for fine-tuning."""
+    teacher.eval()
+    return torch.cat([teacher(inputs[i:i + chunk]) for i in range(0, len(inputs), chunk)])
+
+
 def finetune(model: VARLite, teacher: VARLite, inputs, targets, *, steps: int,
              route_weight: float = 0.1, lr: float = 1e-3, batch_size: int = 64, seed: int = 0,
-             eval_every: int = 0, eval_fn=None) -> dict:
-    """Stage II fine-tuning of every parameter of ``model`` (eq-pm-stage2)."""
+             eval_every: int = 0, eval_fn=None, lb_weight: float = 0.0,
+             cached: torch.Tensor | None = None) -> dict:
+    """Stage II fine-tuning of every parameter of ``model`` (eq-pm-stage2).
+
+    The teacher is frozen: ``cached``, its logits on every row of ``inputs``
+    (:func:`teacher_logits`), saves its forward pass at every step and can be shared between runs
+    on the same teacher and data; without it the teacher runs on each batch.
+    """
     return train_var(model, inputs, targets, steps=steps, batch_size=batch_size, lr=lr,
-                     loss=stage2_loss(teacher, route_weight), seed=seed,
-                     eval_every=eval_every, eval_fn=eval_fn)
+                     loss=stage2_loss(teacher, route_weight, lb_weight=lb_weight), seed=seed,
+                     eval_every=eval_every, eval_fn=eval_fn, aux=cached)
 
 
 # --- Costs -------------------------------------------------------------------------------------
@@ -801,3 +902,84 @@ def time_forward(model: VARLite, inputs: torch.Tensor, repeats: int = 5) -> floa
         times.append(time.perf_counter() - start)
     return float(np.median(times))
 
+
+# --- Trained dense teachers ------------------------------------------------------------------
+
+TEACHER_FILE = Path(__file__).resolve().parents[2] / "data" / "prism_moe_teachers.pt"
+"""State dicts of the chapter's dense models, written by ``data/make_prism_moe_teachers.py``
+(which calls :func:`main`) and listed with its checksum in ``data/README.md``."""
+
+TEACHER_RECIPE = dict(levels=4, d_model=32, d_mlp=128, steps=600, lr=6e-3, batch_size=32,
+                      split_seed=0, test_size=0.2)
+"""The recipe of the committed dense models: a fixed train/test split, AdamW, cosine decay."""
+
+
+def teacher_split(n: int | None = None, labels=None, split_seed: int = 0,
+                  test_size: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
+    """The fixed stratified train / held-out split of the digits that the teachers were fit on."""
+    from sklearn.model_selection import train_test_split
+
+    if labels is None:
+        _, labels = digit_pyramids()
+    return train_test_split(np.arange(len(labels)), test_size=test_size, stratify=labels,
+                            random_state=split_seed)
+
+
+def train_teachers(seeds, *, levels: int = 4, d_model: int = 32, d_mlp: int = 128,
+                   steps: int = 600, lr: float = 6e-3, batch_size: int = 32, split_seed: int = 0,
+                   test_size: float = 0.2) -> list[VARLite]:
+    """Dense models, one per seed, trained on the fixed training split (:func:`teacher_split`)."""
+    tokens, labels = digit_pyramids(levels)
+    train_idx, _ = teacher_split(labels=labels, split_seed=split_seed, test_size=test_size)
+    inputs = var_inputs(tokens, labels, levels)
+    targets = torch.as_tensor(tokens)
+    models = []
+    for seed in seeds:
+        model = VARLite(levels, d_model=d_model, d_mlp=d_mlp, seed=int(seed))
+        train_var(model, inputs[train_idx], targets[train_idx], steps=steps,
+                  batch_size=batch_size, lr=lr, seed=int(seed))
+        models.append(model)
+    return models
+
+
+def save_teachers(models: list[VARLite], seeds, path, recipe: dict) -> None:
+    torch.save({"seeds": [int(s) for s in seeds], "recipe": dict(recipe),
+                "state_dicts": [m.state_dict() for m in models]}, path)
+
+
+def load_teachers(path=None) -> tuple[list[VARLite], list[int], dict]:
+    """The committed dense models (frozen), their seeds and their recipe."""
+    path = TEACHER_FILE if path is None else Path(path)
+    blob = torch.load(path, weights_only=True)
+    recipe = blob["recipe"]
+    models = []
+    for seed, state in zip(blob["seeds"], blob["state_dicts"], strict=True):
+        model = VARLite(recipe["levels"], d_model=recipe["d_model"], d_mlp=recipe["d_mlp"],
+                        seed=seed)
+        model.load_state_dict(state)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        model.eval()
+        models.append(model)
+    return models, list(blob["seeds"]), recipe
+
+
+def main(argv=None) -> None:
+    """``python -m icml26.prism_moe [--seeds ...] [--out PATH]``: train and save the teachers."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(0, 6000, 1000)))
+    parser.add_argument("--steps", type=int, default=TEACHER_RECIPE["steps"])
+    parser.add_argument("--out", default=str(TEACHER_FILE))
+    args = parser.parse_args(argv)
+    recipe = {**TEACHER_RECIPE, "steps": args.steps}
+    torch.set_num_threads(1)
+    kwargs = {k: v for k, v in recipe.items()}
+    models = train_teachers(args.seeds, **kwargs)
+    save_teachers(models, args.seeds, args.out, recipe)
+    print(f"wrote {len(models)} teachers to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
