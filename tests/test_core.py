@@ -14,6 +14,7 @@ from icml26.core import (
     glue_number,
     glue_text,
     glue_value,
+    one_thread,
     set_seed,
     show_source,
     tier_settings,
@@ -120,3 +121,13 @@ def test_shared_validators():
             check_positive(bad, "h")
     with pytest.raises(TypeError, match="h must be a real number"):
         check_positive(True, "h")
+
+
+def test_one_thread_restores_the_thread_count():
+    before = torch.get_num_threads()
+    with one_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), one_thread():
+        raise RuntimeError("restored even on error")
+    assert torch.get_num_threads() == before

@@ -614,15 +614,3 @@ def test_bias_share_separates_a_constant_offset_from_noise():
     assert ex.bias_share(results) == pytest.approx(0.5, abs=0.03)
     with pytest.raises(ValueError, match="two data sets"):
         ex.bias_share(results[:1])
-
-
-def test_one_thread_restores_the_thread_count():
-    from icml26.interventional_gp.kernels import one_thread
-
-    before = torch.get_num_threads()
-    with one_thread():
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == before
-    with pytest.raises(RuntimeError), one_thread():
-        raise RuntimeError("restored even on error")
-    assert torch.get_num_threads() == before

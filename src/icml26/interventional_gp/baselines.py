@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import DTYPE, one_thread
+from ..core import one_thread
+from .kernels import DTYPE
 from .posterior import FusedData, GPStage, Intervention, treatment_weights
 from .training import fit_treatment_stage
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from icml26.core import Timer
 
+from ..core import one_thread
 from .baselines import fit_sampling_stage, sampling_gp_inner_sweep
 from .calibration import (
     LEVELS,
@@ -24,7 +25,7 @@ from .calibration import (
     valid_choice,
 )
 from .cbo import BOTrace, bayes_opt, causal_prior
-from .kernels import GaussianKernel, data_measure, one_thread
+from .kernels import GaussianKernel, data_measure
 from .posterior import (
     FusedData,
     GPStage,

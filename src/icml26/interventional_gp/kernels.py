@@ -10,28 +10,10 @@ kernel $r$ of BayesIMP and the traces $\tau = \int k(u, u)\,\nu(du)$ all have cl
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-
-@contextlib.contextmanager
-def one_thread():
-    """Run torch on one thread inside the block, then restore the thread count.
-
-    The chapter's matrices are small (n of about 100 to 450): a second thread only adds
-    synchronisation, which on a loaded 2-core machine multiplied the CPU time of a data set's
-    fits by up to ten (the same operations; results agree up to round-off).
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
 
 DTYPE = torch.float64
 
