@@ -179,6 +179,50 @@ def test_conversion_fractions_and_compensation(tiny):
         assert np.all(e1 <= e0 * (1 + 1e-5))
 
 
+def test_blind_stage_one_ignores_the_statistics_and_keeps_the_router(tiny):
+    model, x, y = tiny
+    gen = pm.generate(model, np.arange(16) % 10, torch.Generator().manual_seed(0))
+    stats = pm.layer_statistics(model, x, y, pm.var_inputs(gen, np.arange(16) % 10, 4))
+    taylor = stats[0].taylor
+    informed, _ = pm.convert(model, stats, "prism_nocomp", 0.75, n_experts=6)
+    informed_score = taylor[pm.moe_layers(informed)[0].shared_index.numpy()].mean()
+    blind_scores, usage_same = [], []
+    for seed in range(40):
+        blind, _ = pm.convert(model, stats, "prism_nocomp", 0.75, n_experts=6, seed=seed,
+                              blind=True)
+        layer = pm.moe_layers(blind)[0]
+        blind_scores.append(taylor[layer.shared_index.numpy()].mean())
+        covered = np.sort(np.concatenate([layer.shared_index.numpy(),
+                                          layer.group_index.numpy().ravel()]))
+        usage_same.append(np.array_equal(covered, np.arange(32)))
+    # every blind split is still a partition of the neurons ...
+    assert all(usage_same)
+    # ... whose shared set is a random draw: its mean Taylor score averages the layer's mean,
+    # well below the informed choice from the importance pool
+    blind_scores = np.array(blind_scores)
+    se = blind_scores.std(ddof=1) / np.sqrt(len(blind_scores))
+    assert abs(blind_scores.mean() - taylor.mean()) < 4 * se
+    assert informed_score > blind_scores.mean() + 4 * se
+
+
+def test_random_split_with_the_stage_one_router_fits_the_trajectory_energy(tiny):
+    model, x, y = tiny
+    gen = pm.generate(model, np.arange(16) % 10, torch.Generator().manual_seed(0))
+    stats = pm.layer_statistics(model, x, y, pm.var_inputs(gen, np.arange(16) % 10, 4))
+    centroid, _ = pm.convert(model, stats, "random", 0.75, n_experts=6, seed=3)
+    ridge, _ = pm.convert(model, stats, "random", 0.75, n_experts=6, seed=3, router="ridge")
+    a, b = pm.moe_layers(centroid)[0], pm.moe_layers(ridge)[0]
+    # same split (same seed), different router
+    assert torch.equal(a.group_index, b.group_index)
+    assert not torch.allclose(a.router_w, b.router_w)
+    with pytest.raises(ValueError, match="random split only"):
+        pm.convert(model, stats, "prism", 0.75, router="ridge")
+    with pytest.raises(ValueError, match="Stage I only"):
+        pm.convert(model, stats, "random", 0.75, blind=True)
+    with pytest.raises(ValueError, match="router must be"):
+        pm.convert(model, stats, "random", 0.75, router="cosine")
+
+
 def test_trajectory_kl_is_zero_for_the_same_model(tiny):
     model, x, _ = tiny
     assert np.allclose(pm.trajectory_kl(model, model, x), 0, atol=1e-6)

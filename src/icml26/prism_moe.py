@@ -646,18 +646,39 @@ def _expert_energy(mlp: nn.Module, x: torch.Tensor, groups: np.ndarray) -> np.nd
     return torch.log1p(energy).numpy()
 
 
+def _trajectory_router(mlp: nn.Module, st: LayerStats, groups: np.ndarray, top_k: int,
+                       balance: float, sides) -> tuple[np.ndarray, np.ndarray]:
+    """Stage I's router: ridge fit of the experts' trajectory energies, then the balance bias."""
+    x = st.x_traj
+    token_w = np.tile(stage_token_weights(sides), st.x_traj_seq.shape[0])
+    rw = ridge_router(x.numpy(), _expert_energy(mlp, x, groups), weights=token_w)
+    rb = balance_bias(x.numpy() @ rw.T, top_k, balance) if balance > 0 else np.zeros(len(groups))
+    return rw, rb
+
+
 def convert(dense: VARLite, stats: list[LayerStats], method: str, fraction: float, *,
             shared_ratio: float = 0.25, n_experts: int = 12, seed: int = 0,
-            balance: float = 0.25, min_tokens: int = 64) -> tuple[VARLite, dict]:
+            balance: float = 0.25, min_tokens: int = 64, router: str = "centroid",
+            blind: bool = False) -> tuple[VARLite, dict]:
     """A converted copy of ``dense`` and a report (per-layer compensation errors).
 
-    ``random``: random shared set and equal random experts, centroid router. ``magnitude`` /
-    ``taylor``: keep the top ``fraction`` neurons by that score as a pruned dense FFN.
-    ``prism_nocomp``: Stage I steps (importance pool, trajectory-profile shared choice, capacity
-    k-means experts, ridge router, balance bias). ``prism``: plus the compensation (eq-pm-comp).
+    ``random``: random shared set and equal random experts, with a centroid router (MoEfication)
+    or, with ``router="ridge"``, Stage I's router. ``magnitude`` / ``taylor``: keep the top
+    ``fraction`` neurons by that score as a pruned dense FFN. ``prism_nocomp``: Stage I steps
+    (importance pool, trajectory-profile shared choice, capacity k-means experts, ridge router,
+    balance bias). ``prism``: plus the compensation (eq-pm-comp). ``blind=True`` (Stage I only)
+    hands every neuron the statistics of another one (Taylor score, trajectory profile and input
+    weights, permuted by ``seed``), so the grouping sees nothing of the neurons it groups while
+    the router is still fitted to the real experts: the falsification control of the grouping.
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
+    if router not in ("centroid", "ridge"):
+        raise ValueError(f"router must be 'centroid' or 'ridge', got {router!r}")
+    if router == "ridge" and method != "random":
+        raise ValueError("router='ridge' applies to the random split only (Stage I always uses it)")
+    if blind and method not in ("prism_nocomp", "prism"):
+        raise ValueError(f"blind=True applies to Stage I only, not to {method!r}")
     fraction = float(fraction)
     if not 0 < fraction <= 1:
         raise ValueError(f"the active fraction must lie in (0, 1], got {fraction}")
@@ -677,30 +698,32 @@ def convert(dense: VARLite, stats: list[LayerStats], method: str, fraction: floa
         if method == "random":
             perm = rng.permutation(width)
             shared, groups = np.sort(perm[:n_shared]), perm[n_shared:].reshape(n_exp, -1)
-            w1 = mlp.fc_in.weight.detach().numpy()
-            rw = np.stack([w1[g].mean(0) for g in groups])
-            rb = np.array([mlp.fc_in.bias.detach().numpy()[g].mean() for g in groups])
+            if router == "ridge":
+                rw, rb = _trajectory_router(mlp, st, groups, top_k, balance, dense.sides)
+            else:
+                w1 = mlp.fc_in.weight.detach().numpy()
+                rw = np.stack([w1[g].mean(0) for g in groups])
+                rb = np.array([mlp.fc_in.bias.detach().numpy()[g].mean() for g in groups])
             block.mlp = MoEMLP(mlp, shared, groups, top_k, torch.tensor(rw), torch.tensor(rb))
             continue
+        # the statistics Stage I groups by: neuron j is described by row view[j]
+        w1 = mlp.fc_in.weight.detach().numpy()
+        view = rng.permutation(width) if blind else np.arange(width)
+        taylor, profile, w1 = st.taylor[view], st.profile[view], w1[view]
         # Stage I: shared set from the importance pool, by trajectory contribution.
-        pool = np.argsort(-st.taylor, kind="stable")[:min(width, 2 * n_shared)]
-        shared_score = st.profile.sum(1)
+        pool = np.argsort(-taylor, kind="stable")[:min(width, 2 * n_shared)]
+        shared_score = profile.sum(1)
         shared = np.sort(pool[np.argsort(-shared_score[pool], kind="stable")[:n_shared]])
         rest = np.setdiff1d(np.arange(width), shared)
-        w1 = mlp.fc_in.weight.detach().numpy()
         w1n = w1[rest] / np.linalg.norm(w1[rest], axis=1, keepdims=True)
-        prof = st.profile[rest]
+        prof = profile[rest]
         prof = prof / np.maximum(np.linalg.norm(prof, axis=1, keepdims=True), 1e-12)
-        labels = capacity_kmeans(np.hstack([0.5 * w1n, prof]), st.taylor[rest], n_exp)
+        labels = capacity_kmeans(np.hstack([0.5 * w1n, prof]), taylor[rest], n_exp)
         groups = np.stack([rest[labels == g] for g in range(n_exp)])
-        x = st.x_traj
-        n_seq = st.x_traj_seq.shape[0]
-        token_w = np.tile(stage_token_weights(dense.sides), n_seq)
-        rw = ridge_router(x.numpy(), _expert_energy(mlp, x, groups), weights=token_w)
-        rb = balance_bias(x.numpy() @ rw.T, top_k, balance) if balance > 0 else np.zeros(n_exp)
+        rw, rb = _trajectory_router(mlp, st, groups, top_k, balance, dense.sides)
         layer = MoEMLP(mlp, shared, groups, top_k, torch.tensor(rw), torch.tensor(rb))
         if method == "prism":
-            report["errors"].extend(_compensate(layer, mlp, x, min_tokens, i))
+            report["errors"].extend(_compensate(layer, mlp, st.x_traj, min_tokens, i))
         block.mlp = layer
     report["structure"] = [(len(b.mlp.shared_index), b.mlp.n_experts, b.mlp.top_k)
                            for b in model.blocks]
