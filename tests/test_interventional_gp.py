@@ -401,14 +401,19 @@ def test_summarise_means_and_standard_errors_match_scipy():
     assert mixed.seconds == {"fit": 1.0}
 
 
-def test_misplaced_target_moves_the_maximum_away_from_the_prior_mean():
+def test_misplaced_target_puts_the_maximum_where_the_prior_mean_is_lowest():
     grid = np.linspace(-2, 2, 41)
     truth = np.sin(grid)
-    target = ex.misplaced_target(truth, truth, grid)  # prior mean peaks where theta does
-    assert np.argmax(target) == 0  # the grid point farthest from argmax sin
-    assert target.max() > truth.max()
-    far = np.abs(grid - grid[0]) > 2.4  # six bump sds away: unchanged to 1e-7
+    target = ex.misplaced_target(truth, truth, grid)  # prior mean = theta, lowest near -pi/2
+    assert np.argmax(target) == np.argmin(truth) == 4
+    # the new maximum beats the old one by half the range of theta
+    assert target.max() == pytest.approx(truth.max() + 0.5 * np.ptp(truth))
+    far = np.abs(grid - grid[4]) > 2.4  # six bump sds away: unchanged to 1e-6
     np.testing.assert_allclose(target[far], truth[far], atol=1e-6 * np.ptp(truth))
+    # a prior mean that disagrees with theta moves the bump to its own minimum
+    moved = ex.misplaced_target(truth, -truth, grid)
+    assert np.argmax(moved) == np.argmax(truth)
+    assert moved.max() == pytest.approx(truth.max() + 0.5 * np.ptp(truth))
 
 
 def test_coverage_and_score_on_a_known_gaussian():

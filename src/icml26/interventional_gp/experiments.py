@@ -214,20 +214,21 @@ class SeedResult:
 
 
 def misplaced_target(truth, prior_mean, grid, width: float = 0.1) -> np.ndarray:
-    r"""The BO target with its maximum moved away from the prior mean's maximum.
+    r"""The BO target with its maximum put where the prior mean is lowest.
 
-    Adds to $\theta$ a Gaussian bump of height $\max\theta - \min\theta$ and sd ``width``
-    times the grid's range, centred at the grid point farthest from $\arg\max m$: the new
-    maximum lies where the observational estimate $m$ does not point (an effect that the
-    observational data cannot show, e.g. a pathway that only the intervention opens).
+    Adds to $\theta$ a Gaussian bump of sd ``width`` times the grid's range, centred at
+    $\arg\min m$, tall enough that the new maximum exceeds the old one by half the range of
+    $\theta$: the best intervention lies where the observational estimate $m$ points least (an
+    effect that the observational data cannot show, e.g. a pathway that only the intervention
+    opens), so a search that trusts $m$ is misled.
     """
     truth, prior_mean = np.asarray(truth, float), np.asarray(prior_mean, float)
     grid = np.asarray(grid, float).reshape(len(truth), -1)
-    distance = np.linalg.norm(grid - grid[int(np.argmax(prior_mean))], axis=1)
-    centre = grid[int(np.argmax(distance))]
+    centre_index = int(np.argmin(prior_mean))
     spread = width * (grid.max(0) - grid.min(0)).max()
-    bump = np.exp(-0.5 * np.sum((grid - centre) ** 2, axis=1) / spread**2)
-    return truth + (truth.max() - truth.min()) * bump
+    bump = np.exp(-0.5 * np.sum((grid - grid[centre_index]) ** 2, axis=1) / spread**2)
+    height = truth.max() - truth[centre_index] + 0.5 * (truth.max() - truth.min())
+    return truth + height * bump
 
 
 def run_cbo(fit: Fit, truth, grid, n_iter: int, start: int) -> dict[str, BOTrace]:
