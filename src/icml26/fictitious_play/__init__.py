@@ -52,11 +52,11 @@ from .reactive import (
 )
 
 __all__ = [
-    "ExchangeGame", "Fairness", "HedgeSeller", "Mixture", "Reactive", "TitForTat",
-    "fixed_strategy_values", "regret", "seller_surplus", "strategy_grid", "type_values", "LogisticModel", "METHODS", "MatrixPlay", "Partner", "PriceGame",
-    "RepeatedRun", "Seller", "Switching", "against_adversary", "best_of_n",
-    "bon_choice_probabilities", "candidate_pool", "check_game", "entropy", "expected_utility",
-    "fictitious_play", "fit_logistic", "play_episode", "pseudo_data", "regret_bound",
-    "rock_paper_scissors", "run_repeated", "shapley_game", "sigmoid", "simulated_utility",
-    "smooth_best_response", "stochastic_fictitious_play",
+    "against_adversary", "best_of_n", "bon_choice_probabilities", "candidate_pool", "check_game",
+    "entropy", "ExchangeGame", "expected_utility", "Fairness", "fictitious_play", "fit_logistic",
+    "fixed_strategy_values", "HedgeSeller", "LogisticModel", "MatrixPlay", "METHODS", "Mixture",
+    "Partner", "play_episode", "PriceGame", "pseudo_data", "Reactive", "regret", "regret_bound",
+    "RepeatedRun", "rock_paper_scissors", "run_repeated", "Seller", "seller_surplus",
+    "shapley_game", "sigmoid", "simulated_utility", "smooth_best_response",
+    "stochastic_fictitious_play", "strategy_grid", "Switching", "TitForTat", "type_values",
 ]
