@@ -456,7 +456,7 @@ def run_repeated(game, opponent, method: str, *, episodes: int, n_candidates: in
     belief); ``"oracle"`` against the true opponent. ``"last"`` and ``"sfp"`` start from
     ``prior`` as ``prior_weight`` pseudo-observations (:func:`pseudo_data`), or from the uniform
     belief when ``prior`` is None. ``"window"`` fits the last ``window`` episodes and
-    ``"discount"`` weighs the episode ``j`` steps back by ``discount**(j - 1)``
+    ``"discount"`` weighs the episode ``m`` steps back by ``discount**(m - 1)``
     (Eq. (eq-sfp-memory)). The same ``seed`` gives every method the same candidates and the same
     acceptance coins (common random numbers).
 
