@@ -317,3 +317,105 @@ def test_negotiation_bad_input():
         fp.LogisticModel(np.zeros(3)).accept_probability(game, game.offers(np.zeros((1, 2))))
     with pytest.raises(ValueError, match="uniforms"):
         fp.play_episode(game, seller, np.array([0.5, 0.0]), np.zeros(3))
+
+
+# --- reactive sellers, forgetting beliefs and regret ---------------------------------------------
+
+
+REACTIVE = {"tft": fp.TitForTat(), "fairness": fp.Fairness(), "hedge": fp.HedgeSeller()}
+
+
+@pytest.mark.parametrize("name", sorted(REACTIVE))
+def test_fixed_strategy_values_match_a_step_by_step_loop(name):
+    game, seller = fp.PriceGame(), REACTIVE[name]
+    strategies = fp.strategy_grid(game, 5)
+    totals = fp.fixed_strategy_values(game, seller, strategies, 7)
+    for i in (0, 7, 24):
+        state, total = seller.initial(1), 0.0
+        for _ in range(7):
+            mix = seller.current(state)
+            total += fp.expected_utility(game, mix, strategies[i:i + 1])[0]
+            state = seller.update(state, game, game.offers(strategies[i:i + 1]))
+        assert total == pytest.approx(totals[i], abs=1e-12)
+
+
+def test_reactive_sellers_react_as_their_personas_say():
+    game = fp.PriceGame()
+    lowball, fair = game.offers(np.array([[0.2, 0.05]])), game.offers(np.array([[0.5, 0.0]]))
+    tft = fp.TitForTat()
+    assert tft.update(tft.initial(1), game, lowball)[0] == 0  # retaliates: hard type
+    assert tft.update(np.zeros(1, int), game, fair)[0] == 1  # cooperates again
+    fair_seller, state = fp.Fairness(), fp.Fairness().initial(1)
+    for _ in range(6):
+        state = fair_seller.update(state, game, lowball)
+    assert state[0] == fair_seller.levels  # the grudge saturates
+    assert fair_seller.update(state, game, fair)[0] == fair_seller.levels - 1
+    hedge = fp.HedgeSeller()
+    state = hedge.initial(1)
+    for _ in range(10):
+        state = hedge.update(state, game, game.offers(np.array([[0.5, 0.1]])))
+    assert np.argmax(hedge.weights(state)[0]) == len(hedge.theta0s) - 1  # learns to hold out
+    np.testing.assert_allclose(hedge.weights(state).sum(axis=1), 1.0)
+
+
+def test_seller_surplus_by_brute_force():
+    game, seller = fp.PriceGame(rounds=3), fp.Seller(theta0=0.6, beta=1.0)
+    offers = game.offers(np.array([[0.4, 0.1]]))
+    p = seller.accept_probability(game, offers)[0]
+    x = offers[0, :, 0]
+    brute = 0.0
+    for outcome in itertools.product([0, 1], repeat=3):
+        prob = np.prod([p[h] if o else 1 - p[h] for h, o in enumerate(outcome)])
+        if any(outcome):
+            brute += prob * (x[outcome.index(1)] - seller.floor)
+    assert fp.seller_surplus(game, seller, offers)[0] == pytest.approx(brute, abs=1e-12)
+
+
+def test_regret_definitions():
+    game, seller = fp.PriceGame(), fp.TitForTat()
+    grid = fp.strategy_grid(game, 9)
+    run = fp.run_repeated(game, seller, "sfp", episodes=8, n_candidates=8, seed=3,
+                          prior=game.threshold_model(0.3))
+    assert run.mixtures.shape == (8, 2)
+    # the expected utilities are those of the played strategies against the realised mixtures
+    values = fp.type_values(game, seller, run.strategies)
+    np.testing.assert_allclose(run.expected, (values * run.mixtures).sum(axis=1), atol=1e-12)
+    external = fp.regret(game, seller, run, grid)
+    manual = max(sum(fp.expected_utility(game, fp.Mixture(seller.types, w), s[None])[0]
+                     for w in run.mixtures) for s in grid) - run.expected.sum()
+    assert external == pytest.approx(manual / 8, abs=1e-12)
+    policy = fp.regret(game, seller, run, grid, kind="policy")
+    best = fp.fixed_strategy_values(game, seller, grid, 8).max()
+    assert policy == pytest.approx((best - run.expected.sum()) / 8, abs=1e-12)
+    with pytest.raises(ValueError, match="kind"):
+        fp.regret(game, seller, run, grid, kind="swap")
+    stationary = fp.run_repeated(game, fp.Seller(), "sfp", episodes=3, n_candidates=4, seed=0)
+    with pytest.raises(ValueError, match="reactive"):
+        fp.regret(game, seller, stationary, grid)
+
+
+def test_forgetting_beliefs_reduce_to_the_known_ones():
+    game, opp = fp.PriceGame(), fp.Switching((fp.Seller(), fp.Seller(0.55, 2.0)), period=2)
+    prior = game.threshold_model(0.3)
+    kw = dict(episodes=10, n_candidates=8, seed=5, prior=prior)
+    sfp = fp.run_repeated(game, opp, "sfp", **kw)
+    assert np.array_equal(fp.run_repeated(game, opp, "discount", discount=1.0, **kw).utilities,
+                          sfp.utilities)
+    assert np.array_equal(fp.run_repeated(game, opp, "window", window=10, **kw).utilities,
+                          sfp.utilities)
+    last = fp.run_repeated(game, opp, "last", **kw)
+    window1 = fp.run_repeated(game, opp, "window", window=1, **kw)
+    for a, b in zip(last.coefs, window1.coefs, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    with pytest.raises(ValueError, match="discount"):
+        fp.run_repeated(game, opp, "discount", discount=0.0, **kw)
+    with pytest.raises(ValueError, match="window"):
+        fp.run_repeated(game, opp, "window", window=0, **kw)
+
+
+def test_mixture_picks_by_inverse_cdf_and_rejects_bad_weights():
+    types = (fp.Seller(0.5, 1.0), fp.Seller(0.7, 1.0))
+    mix = fp.Mixture(types, np.array([0.25, 0.75]))
+    assert mix.pick(0.1) is types[0] and mix.pick(0.3) is types[1]
+    with pytest.raises(ValueError, match="probability"):
+        fp.Mixture(types, np.array([0.5, 0.6]))

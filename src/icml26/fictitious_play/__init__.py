@@ -2,7 +2,8 @@
 
 Chapter ``fictitious-play`` of the book. ``matrix`` holds fictitious play and smooth fictitious
 play in matrix games with their regret bound; ``negotiation`` the repeated negotiation games,
-the opponent models, best-of-N scoring by simulation, and the agents compared in the chapter.
+the opponent models, best-of-N scoring by simulation, and the agents compared in the chapter;
+``reactive`` the sellers that react to the buyer and the buyer's exact regret against them.
 """
 
 from .matrix import (
@@ -21,6 +22,7 @@ from .negotiation import (
     METHODS,
     ExchangeGame,
     LogisticModel,
+    Mixture,
     Partner,
     PriceGame,
     RepeatedRun,
@@ -37,12 +39,24 @@ from .negotiation import (
     sigmoid,
     simulated_utility,
 )
+from .reactive import (
+    Fairness,
+    HedgeSeller,
+    Reactive,
+    TitForTat,
+    fixed_strategy_values,
+    regret,
+    seller_surplus,
+    strategy_grid,
+    type_values,
+)
 
 __all__ = [
-    "ExchangeGame", "LogisticModel", "METHODS", "MatrixPlay", "Partner", "PriceGame",
-    "RepeatedRun", "Seller", "Switching", "against_adversary", "best_of_n",
-    "bon_choice_probabilities", "candidate_pool", "check_game", "entropy", "expected_utility",
-    "fictitious_play", "fit_logistic", "play_episode", "pseudo_data", "regret_bound",
-    "rock_paper_scissors", "run_repeated", "shapley_game", "sigmoid", "simulated_utility",
-    "smooth_best_response", "stochastic_fictitious_play",
+    "against_adversary", "best_of_n", "bon_choice_probabilities", "candidate_pool", "check_game",
+    "entropy", "ExchangeGame", "expected_utility", "Fairness", "fictitious_play", "fit_logistic",
+    "fixed_strategy_values", "HedgeSeller", "LogisticModel", "MatrixPlay", "METHODS", "Mixture",
+    "Partner", "play_episode", "PriceGame", "pseudo_data", "Reactive", "regret", "regret_bound",
+    "RepeatedRun", "rock_paper_scissors", "run_repeated", "Seller", "seller_surplus",
+    "shapley_game", "sigmoid", "simulated_utility", "smooth_best_response",
+    "stochastic_fictitious_play", "strategy_grid", "Switching", "TitForTat", "type_values",
 ]

@@ -26,7 +26,7 @@ import numpy as np
 
 from icml26.core import check_count, check_positive
 
-METHODS = ("base", "prior", "last", "sfp", "oracle")
+METHODS = ("base", "prior", "last", "sfp", "window", "discount", "oracle")
 """The agents of :func:`run_repeated`."""
 
 SCORINGS = ("exact", "mc")
@@ -87,7 +87,7 @@ class PriceGame:
         x = np.asarray(offers, dtype=float)
         if x.ndim != 3 or x.shape[1:] != (self.rounds, 1):
             raise ValueError(f"offers must have shape (n, {self.rounds}, 1), got {x.shape}")
-        if not np.all(np.isfinite(x)) or np.any(x < 0) or np.any(x > self.value):
+        if x.size and not (x.min() >= 0 and x.max() <= self.value):  # False for NaN too
             raise ValueError(f"offers must lie in the feasible range [0, {self.value}]")
         return x
 
@@ -254,6 +254,25 @@ class Switching:
 
 
 @dataclass(frozen=True)
+class Mixture:
+    """The seller of one episode: type ``types[j]`` with probability ``weights[j]``."""
+
+    types: tuple
+    weights: np.ndarray
+
+    def __post_init__(self):
+        w = np.asarray(self.weights, dtype=float)
+        if w.shape != (len(self.types),) or np.any(w < -1e-12) or not np.isclose(w.sum(), 1.0):
+            raise ValueError("mixture weights must be a probability vector, one per type")
+
+    def pick(self, uniform: float):
+        """The type drawn by the uniform number ``uniform`` (inverse CDF)."""
+        cdf = np.cumsum(np.asarray(self.weights, dtype=float))
+        return self.types[min(int(np.searchsorted(cdf, uniform, side="right")),
+                              len(self.types) - 1)]
+
+
+@dataclass(frozen=True)
 class LogisticModel:
     """Opponent model: ``P(accept) = sigmoid(features . coef)``, Eq. (eq-sfp-model)."""
 
@@ -334,8 +353,12 @@ def pseudo_data(game, model, weight: float):
 def expected_utility(game, model, strategies, episode: int = 0) -> np.ndarray:
     """Exact expected payoff of each strategy against ``model``, Eq. (eq-sfp-eu).
 
-    ``sum_h p_h prod_{j<h} (1 - p_j) u_h``; cost ``O(N H)`` model evaluations.
+    ``sum_h p_h prod_{j<h} (1 - p_j) u_h``; cost ``O(N H)`` model evaluations. Against a
+    :class:`Mixture` of types, the weighted sum of the types' expected utilities.
     """
+    if isinstance(model, Mixture):
+        return sum(w * expected_utility(game, m, strategies, episode)
+                   for m, w in zip(model.types, model.weights, strict=True))
     offers = game.offers(strategies)
     p = model.accept_probability(game, offers, episode)
     survive = np.cumprod(np.concatenate([np.ones((p.shape[0], 1)), 1 - p[:, :-1]], axis=1),
@@ -348,6 +371,9 @@ def simulated_utility(game, model, strategies, rollouts: int, rng: np.random.Gen
     """Monte Carlo estimate of :func:`expected_utility` from ``rollouts`` simulated negotiations
     per strategy against ``model``; cost ``O(N M H)`` model evaluations."""
     rollouts = check_count(rollouts, "rollouts", 1)
+    if isinstance(model, Mixture):
+        return sum(w * simulated_utility(game, m, strategies, rollouts, rng, episode)
+                   for m, w in zip(model.types, model.weights, strict=True))
     offers = game.offers(strategies)
     p = model.accept_probability(game, offers, episode)
     u = game.utility(offers)
@@ -379,6 +405,10 @@ class RepeatedRun:
     strategies: np.ndarray
     model_queries: int
     coefs: list = field(default_factory=list)
+    expected: np.ndarray | None = None
+    """Exact expected utility of each episode's strategy against that episode's seller."""
+    mixtures: np.ndarray | None = None
+    """Against a reactive seller: its weights over its types in each episode, ``(T, J)``."""
 
     def last(self, episodes: int) -> float:
         """Mean true utility over the last ``episodes`` episodes."""
@@ -416,7 +446,8 @@ def candidate_pool(game, seed, episodes: int, pool_size: int = 64) -> np.ndarray
 
 def run_repeated(game, opponent, method: str, *, episodes: int, n_candidates: int = 16,
                  seed=0, prior=None, prior_weight: float = 5.0, scoring: str = "exact",
-                 rollouts: int = 8, ridge: float = 1e-3, pool_size: int = 64) -> RepeatedRun:
+                 rollouts: int = 8, ridge: float = 1e-3, pool_size: int = 64, window: int = 3,
+                 discount: float = 0.7) -> RepeatedRun:
     """Play ``episodes`` negotiations with one agent (Algorithm in the chapter).
 
     ``method``: ``"base"`` plays the first proposal (no adaptation); ``"prior"`` best-of-``N``
@@ -424,8 +455,14 @@ def run_repeated(game, opponent, method: str, *, episodes: int, n_candidates: in
     episode only; ``"sfp"`` against a model fitted on every past episode (the time-averaged
     belief); ``"oracle"`` against the true opponent. ``"last"`` and ``"sfp"`` start from
     ``prior`` as ``prior_weight`` pseudo-observations (:func:`pseudo_data`), or from the uniform
-    belief when ``prior`` is None. The same ``seed`` gives every method the same candidates and
-    the same acceptance coins (common random numbers).
+    belief when ``prior`` is None. ``"window"`` fits the last ``window`` episodes and
+    ``"discount"`` weighs the episode ``m`` steps back by ``discount**(m - 1)``
+    (Eq. (eq-sfp-memory)). The same ``seed`` gives every method the same candidates and the same
+    acceptance coins (common random numbers).
+
+    ``opponent`` is a fixed seller, a :class:`Switching` one, or a reactive seller (an object with
+    ``types``, ``initial``, ``weights`` and ``update``, see ``reactive``) whose type in each
+    episode is drawn from its current weights by a coin of its own.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -441,6 +478,13 @@ def run_repeated(game, opponent, method: str, *, episodes: int, n_candidates: in
     rollouts = check_count(rollouts, "rollouts", 1)
     if method == "base":
         n = 1
+    window = check_count(window, "window", 1)
+    if isinstance(discount, bool) or not 0 < discount <= 1:
+        raise ValueError(f"discount must lie in (0, 1], got {discount!r}")
+    reactive = all(hasattr(opponent, a) for a in ("types", "initial", "weights", "update"))
+    state = opponent.initial(1) if reactive else None
+    type_coins = np.random.default_rng([*np.atleast_1d(seed).tolist(), 3]).random(episodes)
+    expected, mixtures = np.zeros(episodes), []
     base_seed = np.atleast_1d(seed).tolist()
     pool = candidate_pool(game, seed, episodes, pool_size)
     coins = np.random.default_rng([*base_seed, 1]).random((episodes, game.rounds))
@@ -455,20 +499,28 @@ def run_repeated(game, opponent, method: str, *, episodes: int, n_candidates: in
     queries = 0
     for t in range(episodes):
         candidates = pool[t, :n]
+        if reactive:
+            mixtures.append(opponent.weights(state)[0])
+            seller_now = Mixture(tuple(opponent.types), mixtures[-1])
+        else:
+            seller_now = opponent
         if n == 1:
             pick = 0
         else:
             if method == "prior":
                 model = prior
             elif method == "oracle":
-                model = opponent
+                model = seller_now
             else:
-                used = history_f[-1:] if method == "last" else history_f
-                labels = history_y[-1:] if method == "last" else history_y
+                keep = {"last": 1, "window": window}.get(method, t)
+                ages = np.arange(t, 0, -1)[-keep:] if t else np.zeros(0, dtype=int)
+                episode_w = discount ** (ages - 1.0) if method == "discount" else np.ones(ages.size)
+                used, labels = history_f[t - ages.size:], history_y[t - ages.size:]
                 f = np.concatenate([prior_f, *used])
                 y = np.concatenate([prior_y, *labels])
-                c = np.concatenate([prior_c, np.ones(y.size - prior_y.size)])
-                coef = fit_logistic(f, y, c, ridge, coef0=coef if method == "sfp" else None)
+                c = np.concatenate([prior_c, *[np.full(lab.size, w) for lab, w
+                                               in zip(labels, episode_w, strict=True)]])
+                coef = fit_logistic(f, y, c, ridge, coef0=coef if method != "last" else None)
                 coefs.append(coef.copy())
                 model = LogisticModel(coef)
             if scoring == "exact":
@@ -479,12 +531,17 @@ def run_repeated(game, opponent, method: str, *, episodes: int, n_candidates: in
                 queries += n * rollouts * game.rounds
             pick = best_of_n(scores)
         strategy = candidates[pick]
-        utility, deal, f, y = play_episode(game, opponent, strategy, coins[t], t)
+        played = seller_now.pick(type_coins[t]) if reactive else opponent
+        utility, deal, f, y = play_episode(game, played, strategy, coins[t], t)
         utilities[t], deals[t] = utility, deal
+        expected[t] = expected_utility(game, seller_now, strategy[None], t)[0]
+        if reactive:
+            state = opponent.update(state, game, game.offers(strategy[None]))
         chosen.append(strategy)
         history_f.append(f)
         history_y.append(y)
-    return RepeatedRun(method, n, utilities, deals, np.array(chosen), queries, coefs)
+    return RepeatedRun(method, n, utilities, deals, np.array(chosen), queries, coefs, expected,
+                       np.array(mixtures) if reactive else None)
 
 
 def bon_choice_probabilities(base, scores, n_candidates: int) -> np.ndarray:
