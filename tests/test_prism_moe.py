@@ -205,6 +205,34 @@ def test_blind_stage_one_ignores_the_statistics_and_keeps_the_router(tiny):
     assert informed_score > blind_scores.mean() + 4 * se
 
 
+def _relabelled(pi, idx):
+    """The positions j with pi(j) in ``idx``."""
+    return set(np.flatnonzero(np.isin(pi, idx)).tolist())
+
+
+def test_blind_stage_one_is_the_informed_partition_relabelled(tiny):
+    """Stage I is permutation-equivariant, so the blind split is the informed one relabelled.
+
+    With ``view = pi`` (neuron j gets neuron pi(j)'s statistics), neuron j lands where pi(j)
+    lands in the informed split; for a uniform pi that is a uniformly random equal split, the
+    distribution of the random split: the premise of the chapter's falsification control.
+    """
+    model, x, y = tiny
+    gen = pm.generate(model, np.arange(16) % 10, torch.Generator().manual_seed(0))
+    stats = pm.layer_statistics(model, x, y, pm.var_inputs(gen, np.arange(16) % 10, 4))
+    informed = pm.moe_layers(pm.convert(model, stats, "prism_nocomp", 0.75, n_experts=6)[0])
+    for seed in range(5):
+        blind = pm.moe_layers(pm.convert(model, stats, "prism_nocomp", 0.75, n_experts=6,
+                                         seed=seed, blind=True)[0])
+        rng = np.random.default_rng(seed)
+        for layer_i, layer_b in zip(informed, blind, strict=True):
+            pi = rng.permutation(32)  # the view of this layer, drawn in the order convert draws
+            assert (set(layer_b.shared_index.tolist())
+                    == _relabelled(pi, layer_i.shared_index.numpy()))
+            assert ({frozenset(g.tolist()) for g in layer_b.group_index}
+                    == {frozenset(_relabelled(pi, g.numpy())) for g in layer_i.group_index})
+
+
 def test_random_split_with_the_stage_one_router_fits_the_trajectory_energy(tiny):
     model, x, y = tiny
     gen = pm.generate(model, np.arange(16) % 10, torch.Generator().manual_seed(0))
