@@ -4,18 +4,21 @@ The LLMs of the paper are replaced, the algorithm is kept:
 
 * a **world** of query families: each family ``f`` has a hidden unit rule vector ``u_f``; a query
   has a unit embedding near its family's rule and its own instance-specific shortcut ``a_q`` (a
-  random unit vector, "the answer to this one question") -- :func:`make_world`;
+  random unit vector, "the answer to this one question") -- :func:`make_world`; families can come
+  in overlapping sibling pairs (``eq-umem-world``), so that neighbourhoods mix families;
 * a frozen stochastic **executor** whose chance of success depends on the memories retrieved for
   the query (:class:`Executor`, equation ``eq-umem-executor``): a memory aligned with the query's
   rule helps, the query's own shortcut helps a lot, a shortcut written for *another* query misleads;
 * a **memory bank** of (key, value) pairs with top-``K`` cosine retrieval on keys above a
-  similarity threshold (:class:`MemoryBank`, :meth:`MemoryBank.retrieve`);
+  similarity threshold (:class:`MemoryBank`, :meth:`MemoryBank.retrieve`), optionally capped, an
+  ADD to a full bank evicting its oldest entry;
 * a **Mem-Optimizer** (:class:`MemPolicy`): an extraction head choosing the abstraction level of the
   memory distilled from a trajectory (``eq-umem-extract``) and a management head choosing ADD or
   UPDATE of a retrieved entry;
 * the **neighbourhood marginal-utility reward** (``eq-umem-gain``, ``eq-umem-reward``) over the
   semantic neighbourhood of a query (:func:`semantic_neighbourhood`), or over the source query
-  alone (the ablation without Semantic Neighbourhood Modelling);
+  alone (the ablation without Semantic Neighbourhood Modelling), with independent executor draws
+  (as the released reward) or common random numbers (for the closed form);
 * **GRPO** (:func:`group_advantages`, :func:`grpo_loss`, ``eq-umem-grpo``) with online memory
   evolution (:func:`train_policy`), and zero-reset streaming evaluation (:func:`stream`);
 * closed forms that say what the world itself predicts: the exact expected reward of a lone
