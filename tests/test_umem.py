@@ -60,9 +60,9 @@ def test_lemma_rejects_non_unit_vectors():
         um.lemma_gap(np.array([1.0, 0]), np.array([1.0, 0]), np.eye(3))
 
 
-def _random_bank(world, rng, size, exclude=-1):
+def _random_bank(world, rng, size, exclude=-1, limit=None):
     """A bank of distinct source queries (distinct keys: no exact ties in retrieval)."""
-    bank = um.MemoryBank(world.dim, 2)
+    bank = um.MemoryBank(world.dim, 2, limit=limit)
     for q in rng.choice(world.train[world.train != exclude], size, replace=False):
         q = int(q)
         alpha = float(rng.choice(um.ALPHAS))
@@ -140,15 +140,15 @@ def _brute_rewards(world, ex, bank, q, step, ext, man, targets, uniforms, noises
     return out
 
 
-@pytest.mark.parametrize("kind", ["paper", "code"])
-def test_fast_candidate_rewards_match_a_brute_force_bank_copy(world, kind):
+@pytest.mark.parametrize(("kind", "limit"), [("paper", None), ("code", None), ("paper", 6)])
+def test_fast_candidate_rewards_match_a_brute_force_bank_copy(world, kind, limit):
     ex = um.Executor()
     rng = np.random.default_rng(4)
     targets_all = um.semantic_neighbourhood(world.embeddings, world.train, 4)
     for _ in range(25):
         row = int(rng.integers(len(world.train)))
         q = int(world.train[row])
-        bank = _random_bank(world, rng, int(rng.integers(0, 25)), exclude=q)
+        bank = _random_bank(world, rng, int(rng.integers(0, 25)), exclude=q, limit=limit)
         step = um.observe(world, ex, bank, q, rng)
         ext = rng.integers(0, um.N_EXTRACT, size=8)
         man = np.array([rng.integers(0, 1 + step.retrieved.size) for _ in range(8)])
@@ -391,3 +391,56 @@ def test_add_rate_follows_the_management_head(world):
         ops = result.operation[result.operation >= 0]
         assert ops.size > 0 and np.all((ops == 0) == bool(expected))
         assert um.evaluate(world, ex, policy, 1, 0).add_rate == expected
+
+
+def test_capped_bank_evicts_the_oldest_entry_on_add(world):
+    bank = um.MemoryBank(world.dim, limit=3)
+    ids = [int(q) for q in world.train[:5]]
+    for q in ids[:3]:
+        bank.write(world.embeddings[q], world.shortcuts[q], q, 0.0, 1.0)
+    assert bank.full and bank.add_slot() == 0
+    bank.write(world.embeddings[ids[0]], world.rules[0], ids[0], 1.0, 0.0, slot=0)  # UPDATE
+    assert bank.add_slot() == 1  # an update refreshes its entry
+    bank.write(world.embeddings[ids[3]], world.shortcuts[ids[3]], ids[3], 0.0, 1.0)
+    assert len(bank) == 3 and list(bank.source) == [ids[0], ids[3], ids[2]]
+    with pytest.raises(ValueError):
+        um.MemoryBank(world.dim, limit=0)
+
+
+def test_independent_draws_change_the_reward_not_its_mean(world):
+    ex = um.Executor()
+    q = int(world.train[0])
+    targets = um.semantic_neighbourhood(world.embeddings, world.train, 3)[0]
+    step = um.Step(np.zeros(um.n_features(world.dim)), np.array([True, False, False, False]),
+                   np.zeros(0, dtype=int), 1, ex.length0, 0.5, world.rules[world.family[q]])
+    bank = um.MemoryBank(world.dim)
+    ext, man = np.full(8, 4), np.zeros(8, int)  # eight identical candidates
+    rng = np.random.default_rng(0)
+    crn = um.candidate_rewards(world, ex, bank, q, step, ext, man, targets, rng)
+    assert np.ptp(crn) == 0  # common random numbers: identical candidates, identical rewards
+    draws = np.stack([um.candidate_rewards(world, ex, bank, q, step, ext, man, targets, rng,
+                                           common=False) for _ in range(300)])
+    assert np.ptp(draws[0]) > 0 or np.ptp(draws[1]) > 0
+    # exact mean with independent draws: (p - p0) + p p0 (1 - e^{0.01} lambda / lambda0)
+    v = um.extract_memory(1.0, step.insight, world.shortcuts[q])
+    p0, lam0 = ex.success_probability(0, 0, 0), ex.length(0, 0, 0)
+    gains = []
+    for t in targets:
+        if world.embeddings[t] @ world.embeddings[q] < 0.5:
+            gains.append(0.0)
+            continue
+        r, h, w = ex.features(world, int(t), v[None], np.array([q]),
+                              np.array([v @ world.shortcuts[q]]))
+        p = ex.success_probability(r, h, w)
+        gains.append(p - p0 + p * p0 * (1 - np.exp(0.01) * ex.length(r, w, 0) / lam0))
+    se = draws.mean(1).std(ddof=1) / np.sqrt(len(draws))
+    assert abs((draws - 1).mean() - np.mean(gains)) < 4 * se
+
+
+def test_sibling_families_lower_neighbour_purity():
+    def purity(w):
+        nb = um.semantic_neighbourhood(w.embeddings, w.train, 3)
+        return float(np.mean(w.family[nb] == w.family[w.train][:, None]))
+
+    assert purity(um.make_world(seed=0)) > 0.9
+    assert 0.55 < purity(um.make_world(seed=0, sibling_spread=0.4)) < 0.9

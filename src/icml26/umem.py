@@ -4,18 +4,21 @@ The LLMs of the paper are replaced, the algorithm is kept:
 
 * a **world** of query families: each family ``f`` has a hidden unit rule vector ``u_f``; a query
   has a unit embedding near its family's rule and its own instance-specific shortcut ``a_q`` (a
-  random unit vector, "the answer to this one question") -- :func:`make_world`;
+  random unit vector, "the answer to this one question") -- :func:`make_world`; families can come
+  in overlapping sibling pairs (``eq-umem-world``), so that neighbourhoods mix families;
 * a frozen stochastic **executor** whose chance of success depends on the memories retrieved for
   the query (:class:`Executor`, equation ``eq-umem-executor``): a memory aligned with the query's
   rule helps, the query's own shortcut helps a lot, a shortcut written for *another* query misleads;
 * a **memory bank** of (key, value) pairs with top-``K`` cosine retrieval on keys above a
-  similarity threshold (:class:`MemoryBank`, :meth:`MemoryBank.retrieve`);
+  similarity threshold (:class:`MemoryBank`, :meth:`MemoryBank.retrieve`), optionally capped, an
+  ADD to a full bank evicting its oldest entry;
 * a **Mem-Optimizer** (:class:`MemPolicy`): an extraction head choosing the abstraction level of the
   memory distilled from a trajectory (``eq-umem-extract``) and a management head choosing ADD or
   UPDATE of a retrieved entry;
 * the **neighbourhood marginal-utility reward** (``eq-umem-gain``, ``eq-umem-reward``) over the
   semantic neighbourhood of a query (:func:`semantic_neighbourhood`), or over the source query
-  alone (the ablation without Semantic Neighbourhood Modelling);
+  alone (the ablation without Semantic Neighbourhood Modelling), with independent executor draws
+  (as the released reward) or common random numbers (for the closed form);
 * **GRPO** (:func:`group_advantages`, :func:`grpo_loss`, ``eq-umem-grpo``) with online memory
   evolution (:func:`train_policy`), and zero-reset streaming evaluation (:func:`stream`);
 * closed forms that say what the world itself predicts: the exact expected reward of a lone
@@ -82,11 +85,14 @@ class World:
 
 def make_world(n_families: int = 8, n_heldout_families: int = 2, queries_per_family: int = 40,
                dim: int = 16, spread: float = 0.8, test_fraction: float = 0.4,
-               seed: int = 0) -> World:
+               seed: int = 0, sibling_spread: float | None = None) -> World:
     """Generate a world: ``e(q) = normalise(u_f + spread * xi_q)``, ``xi_q ~ N(0, I/dim)``.
 
     With ``spread = s`` two queries of one family have cosine about ``1 / (1 + s^2)``; queries of
-    different families are nearly orthogonal when ``dim`` is large.
+    different families are nearly orthogonal when ``dim`` is large. With ``sibling_spread = h``
+    the families come in overlapping pairs (``eq-umem-world``): families ``2j`` and ``2j + 1``
+    share a parent ``w_j`` and have rules ``u_f = normalise(w_j + h * zeta_f)``, so a query's
+    nearest neighbours are sometimes from the sibling family (neighbour purity below 1).
     """
     n_families = check_count(n_families, "n_families", 1)
     n_heldout_families = check_count(n_heldout_families, "n_heldout_families", 0)
@@ -98,7 +104,13 @@ def make_world(n_families: int = 8, n_heldout_families: int = 2, queries_per_fam
         raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}")
     rng = np.random.default_rng(seed)
     total = n_families + n_heldout_families
-    rules = _unit(rng.normal(size=(total, dim)))
+    if sibling_spread is None:
+        rules = _unit(rng.normal(size=(total, dim)))
+    else:
+        sibling_spread = check_positive(sibling_spread, "sibling_spread")
+        parents = _unit(rng.normal(size=((total + 1) // 2, dim)))
+        rules = _unit(parents[np.arange(total) // 2]
+                      + sibling_spread * rng.normal(size=(total, dim)) / np.sqrt(dim))
     family = np.repeat(np.arange(total), queries_per_family)
     noise = rng.normal(size=(family.size, dim)) / np.sqrt(dim)
     embeddings = _unit(rules[family] + spread * noise)
@@ -164,17 +176,38 @@ def extract_memory(alpha: float, insight: np.ndarray, shortcut: np.ndarray) -> n
 
 
 class MemoryBank:
-    """A growable bank of memories: key ``e(q)``, value vector, source query, abstraction level."""
+    """A bank of memories: key ``e(q)``, value vector, source query, abstraction level.
 
-    def __init__(self, dim: int, capacity: int = 64):
+    ``capacity`` is the initial allocation (the bank grows past it) unless ``limit`` is set: a bank
+    with a limit holds at most ``limit`` entries, and an ADD to a full bank evicts the entry
+    written longest ago (first in, first out), so that ADD and UPDATE differ in what they destroy.
+    """
+
+    def __init__(self, dim: int, capacity: int = 64, limit: int | None = None):
         self.dim = check_count(dim, "dim", 1)
         capacity = check_count(capacity, "capacity", 1)
+        if limit is not None:
+            limit = check_count(limit, "limit", 1)
+            capacity = limit
+        self.limit = limit
         self.keys = np.zeros((capacity, dim))
         self.values = np.zeros((capacity, dim))
         self.source = np.zeros(capacity, dtype=int)
         self.alpha = np.zeros(capacity)
         self.weight = np.zeros(capacity)  # shortcut content <value, a_source>
+        self.stamp = np.zeros(capacity, dtype=int)  # write counter of each entry
+        self.writes = 0
         self.size = 0
+
+    @property
+    def full(self) -> bool:
+        return self.limit is not None and self.size == self.limit
+
+    def add_slot(self) -> int:
+        """The entry an ADD writes: the next free one, or the oldest when the bank is full."""
+        if self.full:
+            return int(np.argmin(self.stamp[: self.size]))
+        return self.size
 
     def __len__(self) -> int:
         return self.size
@@ -192,9 +225,11 @@ class MemoryBank:
               slot: int | None = None) -> int:
         """ADD (``slot=None``) or overwrite entry ``slot`` (UPDATE); returns the entry index."""
         key, value = self._check_vector(key, "key"), self._check_vector(value, "value")
-        if slot is None:
+        if slot is None and self.full:
+            slot = self.add_slot()  # evict the oldest entry
+        elif slot is None:
             if self.size == self.keys.shape[0]:
-                for name in ("keys", "values", "source", "alpha", "weight"):
+                for name in ("keys", "values", "source", "alpha", "weight", "stamp"):
                     old = getattr(self, name)
                     setattr(self, name, np.concatenate([old, np.zeros_like(old)]))
             slot = self.size
@@ -203,6 +238,8 @@ class MemoryBank:
             raise ValueError(f"cannot update entry {slot} of a bank with {self.size} entries")
         self.keys[slot], self.values[slot] = key, value
         self.source[slot], self.alpha[slot], self.weight[slot] = source, alpha, weight
+        self.writes += 1
+        self.stamp[slot] = self.writes
         return slot
 
     def similarities(self, query) -> np.ndarray:
@@ -355,19 +392,24 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, clip: float = 0.2,
 
 
 def n_features(dim: int) -> int:
-    """Width of the policy input: ``e(q)``, outcome, length, and per retrieved slot 3 numbers."""
-    return dim + 2 + 3 * TOP_K
+    """Width of the policy input: ``e(q)``, outcome, length, bank full, and 3 numbers per slot."""
+    return dim + 3 + 3 * TOP_K
 
 
 def policy_features(world: World, query: int, correct: int, length: float, length0: float,
-                    slot_sims: np.ndarray, slot_alphas: np.ndarray) -> np.ndarray:
-    """``[e(q), c, len/L0, (sim_k, alpha_k, occupied_k) for k < K]``: the policy's input."""
+                    slot_sims: np.ndarray, slot_alphas: np.ndarray,
+                    full: bool = False) -> np.ndarray:
+    """``[e(q), c, len/L0, full, (sim_k, alpha_k, occupied_k) for k < K]``: the policy's input.
+
+    ``full`` says whether the bank is at its limit (an ADD would evict its oldest entry).
+    """
     x = np.zeros(n_features(world.dim))
     x[: world.dim] = world.embeddings[query]
     x[world.dim] = correct
     x[world.dim + 1] = length / length0
+    x[world.dim + 2] = float(full)
     for k in range(len(slot_sims)):
-        base = world.dim + 2 + 3 * k
+        base = world.dim + 3 + 3 * k
         x[base: base + 3] = slot_sims[k], slot_alphas[k], 1.0
     return x
 
@@ -465,7 +507,8 @@ def observe(world: World, executor: Executor, bank: MemoryBank, query: int,
     c, length, p = executor.run(world, query, bank.values[retrieved], bank.source[retrieved],
                                 bank.weight[retrieved], rng.uniform(), rng.normal())
     sims = bank.similarities(world.embeddings[query])[retrieved] if len(bank) else np.zeros(0)
-    x = policy_features(world, query, c, length, executor.length0, sims, bank.alpha[retrieved])
+    x = policy_features(world, query, c, length, executor.length0, sims, bank.alpha[retrieved],
+                        bank.full)
     mask = np.zeros(N_MANAGE, dtype=bool)
     mask[: 1 + retrieved.size] = True
     return Step(x, mask, retrieved, c, length, p, executor.insight(world, query, c, rng))
@@ -489,13 +532,17 @@ def apply_action(bank: MemoryBank, world: World, query: int, step: Step, ext: in
 def candidate_rewards(world: World, executor: Executor, bank: MemoryBank, query: int,
                       step: Step, ext: np.ndarray, man: np.ndarray, targets: np.ndarray,
                       rng: np.random.Generator, threshold: float = 0.5,
-                      kind: str = "paper") -> np.ndarray:
+                      kind: str = "paper", common: bool = True) -> np.ndarray:
     """Reward ``r = r_fmt + mean_{q' in targets} gain(q')`` of each candidate (``eq-umem-reward``).
 
     Each candidate ``g`` gives a bank ``B_g = Apply(B, a_g)``; every target ``q'`` is executed on
-    ``B`` (reference) and on ``B_g`` with common random numbers. ``targets`` is the semantic
-    neighbourhood (UMEM) or ``[query]`` (source-only). With ``kind="code"`` the reference has no
-    memory and the test run sees only the new memory, as in the released reward.
+    ``B`` (reference) and on ``B_g``. With ``common=True`` both executions of a target share their
+    random draws (common random numbers, the setting of the closed form ``eq-umem-lone``); with
+    ``common=False`` every rollout's execution of every target draws afresh, as the released
+    reward samples its executor (one reference run per target is shared by the group).
+    ``targets`` is the semantic neighbourhood (UMEM) or ``[query]`` (source-only). With
+    ``kind="code"`` the reference has no memory and the test run sees only the new memory, as in
+    the released reward. An ADD to a full bank evicts its oldest entry (:class:`MemoryBank`).
 
     Retrieval from ``B_g`` only needs the top ``K + 1`` entries of ``B``: an ADD can only push the
     new entry into them, an UPDATE removes one entry and adds the new one.
@@ -525,33 +572,38 @@ def candidate_rewards(world: World, executor: Executor, bank: MemoryBank, query:
             (float(sims[i]), float(bank.values[i] @ rule), bool(bank.source[i] == target),
              float(bank.weight[i]), int(i)) for i in top]
         refs.append((base, rule, float(e @ key), c_ref, l_ref))
-    cache: dict = {}
+    cache: dict = {}  # features (p, r, w) of each distinct action on every target
     for g in range(G):
         action = (int(ext[g]), int(man[g]) if kind == "paper" else 0)
         if action[0] == MALFORMED:
             continue  # r_fmt = 0 and the bank is unchanged: no gain either
-        if action in cache:
-            rewards[g] = cache[action]
-            continue
-        value = extract_memory(ALPHAS[action[0]], step.insight, world.shortcuts[query])
-        weight = float(value @ world.shortcuts[query])
-        replaced = -1 if action[1] == 0 else int(step.retrieved[action[1] - 1])
-        total = 0.0
-        for t, target in enumerate(targets):
-            base, rule, s_new, c_ref, l_ref = refs[t]
-            entries = [entry for entry in base if entry[4] != replaced]
+        if action not in cache:
+            value = extract_memory(ALPHAS[action[0]], step.insight, world.shortcuts[query])
+            weight = float(value @ world.shortcuts[query])
+            if action[1] > 0:
+                replaced = int(step.retrieved[action[1] - 1])
+            elif kind == "paper" and bank.full:
+                replaced = bank.add_slot()  # ADD evicts the oldest entry
+            else:
+                replaced = -1
             new_index = len(bank) if replaced < 0 else replaced
-            entries.append((s_new if kind == "paper" else np.inf, float(value @ rule),
-                            query == target, weight, new_index))
-            entries = sorted((e for e in entries if e[0] >= threshold),
-                             key=lambda e: (-e[0], e[4]))
-            entries = entries[:TOP_K]
-            r, h, w = _aggregate_entries(entries)
-            p = executor.success_probability(r, h, w)
-            c_mem = int(uniforms[t] < p)
-            l_mem = executor.length(r, w, noises[t])
-            total += _gain(c_mem, c_ref, l_mem, l_ref, kind)
-        rewards[g] = cache[action] = 1.0 + total / len(targets)
+            feats = []
+            for t, target in enumerate(targets):
+                base, rule, s_new, c_ref, l_ref = refs[t]
+                entries = [entry for entry in base if entry[4] != replaced]
+                entries.append((s_new if kind == "paper" else np.inf, float(value @ rule),
+                                query == target, weight, new_index))
+                entries = sorted((e for e in entries if e[0] >= threshold),
+                                 key=lambda e: (-e[0], e[4]))
+                r, h, w = _aggregate_entries(entries[:TOP_K])
+                feats.append((executor.success_probability(r, h, w), r, w))
+            cache[action] = feats
+        total = 0.0
+        for t, (p, r, w) in enumerate(cache[action]):
+            c_ref, l_ref = refs[t][3], refs[t][4]
+            u, z = (uniforms[t], noises[t]) if common else (rng.uniform(), rng.normal())
+            total += _gain(int(u < p), c_ref, executor.length(r, w, z), l_ref, kind)
+        rewards[g] = 1.0 + total / len(targets)
     return rewards
 
 
@@ -593,7 +645,11 @@ def _gain(c_mem: int, c_ref: int, len_mem: float, len_ref: float, kind: str) -> 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """GRPO settings; ``neighbourhood=0`` means the source-only reward (no SNM)."""
+    """GRPO settings; ``neighbourhood=0`` means the source-only reward (no SNM).
+
+    ``common_random_numbers=False`` (the released reward) draws every execution of the reward
+    afresh; ``capacity`` caps the training bank (``None``: unbounded).
+    """
 
     neighbourhood: int = 3
     group_size: int = 8
@@ -609,6 +665,8 @@ class TrainConfig:
     threshold: float = 0.5
     reward: str = "paper"
     hidden: int = 32
+    common_random_numbers: bool = False
+    capacity: int | None = None
 
     def __post_init__(self):
         check_count(self.neighbourhood, "neighbourhood", 0)
@@ -618,6 +676,8 @@ class TrainConfig:
         check_count(self.batch_queries, "batch_queries", 1)
         check_count(self.inner_steps, "inner_steps", 1)
         check_positive(self.lr, "lr")
+        if self.capacity is not None:
+            check_count(self.capacity, "capacity", 1)
         if self.reward not in ("paper", "code"):
             raise ValueError(f"reward must be 'paper' or 'code', got {self.reward!r}")
 
@@ -654,7 +714,7 @@ def train_policy(world: World, executor: Executor, config: TrainConfig, seed: in
     reference = copy.deepcopy(policy).requires_grad_(False)
     optimiser = torch.optim.Adam(policy.parameters(), lr=config.lr)
     targets = neighbourhood_targets(world, config)
-    bank = MemoryBank(world.dim, 256)
+    bank = MemoryBank(world.dim, 256, limit=config.capacity)
     result = TrainResult(policy)
     buffer: list = []
     G = config.group_size
@@ -666,7 +726,8 @@ def train_policy(world: World, executor: Executor, config: TrainConfig, seed: in
         ext = rng.choice(N_EXTRACT, size=G, p=p_ext)
         man = rng.choice(N_MANAGE, size=G, p=p_man)
         rewards = candidate_rewards(world, executor, bank, q, step, ext, man, targets[q], rng,
-                                    config.threshold, config.reward)
+                                    config.threshold, config.reward,
+                                    config.common_random_numbers)
         best = int(np.argmax(rewards))
         if rewards[best] > 1.0:  # positive utility: online memory evolution
             apply_action(bank, world, q, step, int(ext[best]), int(man[best]))
@@ -728,10 +789,11 @@ class StreamResult:
 
 
 def stream(world: World, executor: Executor, policy: MemPolicy | None, queries, seed: int = 0,
-           threshold: float = 0.5) -> StreamResult:
+           threshold: float = 0.5, capacity: int | None = None) -> StreamResult:
     """Zero-reset streaming: an empty bank, the queries in a random order, the policy writing.
 
-    ``policy=None`` is the no-memory agent. Accuracy is recorded as the executor's exact success
+    ``policy=None`` is the no-memory agent; ``capacity`` caps the bank (``None``: unbounded).
+    Accuracy is recorded as the executor's exact success
     probability at each step (an unbiased, lower-variance stand-in for the 0/1 outcome); the bank
     evolves with the sampled outcome, as it would in deployment.
     """
@@ -740,7 +802,7 @@ def stream(world: World, executor: Executor, policy: MemPolicy | None, queries, 
         raise ValueError("queries must be a non-empty 1-D array of query ids")
     rng = np.random.default_rng(seed)
     order = rng.permutation(queries)
-    bank = MemoryBank(world.dim, 128)
+    bank = MemoryBank(world.dim, 128, limit=capacity)
     prob, length, alpha = (np.full(order.size, np.nan) for _ in range(3))
     operation = np.full(order.size, -1)
     for i, q in enumerate(order):
@@ -789,12 +851,12 @@ class Evaluation:
 
 
 def evaluate(world: World, executor: Executor, policy: MemPolicy | None, n_streams: int = 3,
-             seed: int = 0, threshold: float = 0.5) -> Evaluation:
+             seed: int = 0, threshold: float = 0.5, capacity: int | None = None) -> Evaluation:
     """Zero-reset streams over ``world.test`` and ``world.ood``, averaged over stream orders."""
     n_streams = check_count(n_streams, "n_streams", 1)
-    ind = [stream(world, executor, policy, world.test, seed + s, threshold)
+    ind = [stream(world, executor, policy, world.test, seed + s, threshold, capacity)
            for s in range(n_streams)]
-    ood = ([stream(world, executor, policy, world.ood, seed + 1000 + s, threshold)
+    ood = ([stream(world, executor, policy, world.ood, seed + 1000 + s, threshold, capacity)
             for s in range(n_streams)] if world.ood.size else ind)
     def add_rate(results) -> float:
         ops = np.concatenate([r.operation for r in results])
@@ -817,8 +879,11 @@ def evaluate(world: World, executor: Executor, policy: MemPolicy | None, n_strea
 
 def run_replicate(seed: int, executor: Executor, world_kwargs: dict | None = None,
                   train_kwargs: dict | None = None, variants: dict | None = None,
-                  n_streams: int = 3) -> dict[str, Evaluation]:
+                  n_streams: int = 3, baselines: bool = True) -> dict[str, Evaluation]:
     """One world, every agent: no memory, the untrained policy, and each trained variant.
+
+    ``train_kwargs["capacity"]`` caps the bank in training and in the evaluation streams alike;
+    ``baselines=False`` skips the no-memory and untrained agents.
 
     Every trained variant starts from the same initial policy (the untrained one), sees the same
     world, the same number of GRPO updates and the same seed; only the reward's targets and the
@@ -829,14 +894,17 @@ def run_replicate(seed: int, executor: Executor, world_kwargs: dict | None = Non
     world = make_world(seed=seed, **(world_kwargs or {}))
     torch.manual_seed(seed)
     initial = MemPolicy(world.dim)
-    out = {"no memory": evaluate(world, executor, None, n_streams, seed),
-           "untrained": evaluate(world, executor, initial, n_streams, seed)}
+    cap = (train_kwargs or {}).get("capacity")
+    out = ({"no memory": evaluate(world, executor, None, n_streams, seed, capacity=cap),
+            "untrained": evaluate(world, executor, initial, n_streams, seed, capacity=cap)}
+           if baselines else {})
     for name, overrides in (VARIANTS if variants is None else variants).items():
         config = TrainConfig(**{**(train_kwargs or {}), **overrides})
         start = time.process_time()
         trained = train_policy(world, executor, config, seed, copy.deepcopy(initial))
         cpu = time.process_time() - start
-        out[name] = evaluate(world, executor, trained.policy, n_streams, seed)
+        out[name] = evaluate(world, executor, trained.policy, n_streams, seed,
+                             capacity=config.capacity)
         out[name].cpu_seconds = cpu
     return out
 
