@@ -582,7 +582,7 @@ DETECTION_QUESTION = "Trial {trial}: do you detect an injected thought?"
 """Second part, from which on the injection is added (the trial number varies)."""
 
 
-class _Stop(Exception):
+class _StopPassError(Exception):
     """Raised by a hook to end a forward pass once the layer it needs is read."""
 
 
@@ -625,13 +625,13 @@ def _suffix_pass(lm, prefix: str, suffixes: Sequence[str], *, read_layer: int | 
 
         def read(_module, args):
             seen.append(args[0].detach()[:, -1])
-            raise _Stop
+            raise _StopPassError
 
         handles.append(module.register_forward_pre_hook(read))
     try:
         with torch.no_grad():
             positions = torch.arange(start, start + length).expand(n, length)
-            with steer, contextlib.suppress(_Stop):
+            with steer, contextlib.suppress(_StopPassError):
                 logits = lm.model(input_ids=suffix_ids, cache=cache, position_ids=positions,
                                   logits_to_keep=1).logits[:, -1]
     finally:
