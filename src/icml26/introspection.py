@@ -664,6 +664,19 @@ def detection_prompt_parts(lm, trial: int) -> tuple[str, str]:
                        " Trial")
 
 
+def chat_detection_logprobs(lm, trials: Sequence[int], vectors: torch.Tensor | None = None,
+                            layer: int = 0, alpha: float = 1.0) -> torch.Tensor:
+    """Log-probabilities of the detection answer's first token, shape ``(len(trials), vocab)``,
+    with the prompts and injection of :func:`chat_detection_log_odds` (which reads Yes minus No
+    from them). The whole distribution also tells whether an injection reaches the output."""
+    trials = [int(t) for t in trials]
+    if not trials or not all(10 <= t <= 99 for t in trials):
+        raise ValueError("trials must be a non-empty list of two-digit numbers")
+    parts = [detection_prompt_parts(lm, t) for t in trials]
+    return _suffix_pass(lm, parts[0][0], [s for _, s in parts], vectors=vectors, layer=layer,
+                        alpha=alpha)
+
+
 def chat_detection_log_odds(lm, trials: Sequence[int], vectors: torch.Tensor | None = None,
                             layer: int = 0, alpha: float = 1.0) -> torch.Tensor:
     r"""Yes-minus-No log-odds of the detection answer (eq-intro-decision) for each trial.
@@ -676,10 +689,5 @@ def chat_detection_log_odds(lm, trials: Sequence[int], vectors: torch.Tensor | N
     """
     from icml26 import llm
 
-    trials = [int(t) for t in trials]
-    if not trials or not all(10 <= t <= 99 for t in trials):
-        raise ValueError("trials must be a non-empty list of two-digit numbers")
-    parts = [detection_prompt_parts(lm, t) for t in trials]
-    logprobs = _suffix_pass(lm, parts[0][0], [s for _, s in parts], vectors=vectors,
-                            layer=layer, alpha=alpha)
+    logprobs = chat_detection_logprobs(lm, trials, vectors, layer, alpha)
     return logprobs[:, llm.token_id(lm, "Yes")] - logprobs[:, llm.token_id(lm, "No")]
