@@ -220,5 +220,7 @@ def test_mlp_patching_is_zero_up_to_the_injection_layer(setup):
 def test_chat_detection_rejects_bad_trials():
     with pytest.raises(ValueError, match="two-digit"):
         intro.chat_detection_log_odds(None, [5])
+    with pytest.raises(ValueError):
+        intro.chat_detection_logprobs(None, [100])
     with pytest.raises(ValueError, match="baseline"):
         intro.chat_concept_vectors(None, ["bread"], [], 3)
