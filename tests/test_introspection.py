@@ -189,3 +189,38 @@ def test_set_neurons_checks_indices_and_edits_only_them(setup):
     assert torch.allclose(edited[name][..., [2, 5]], torch.full((3, intro.PROMPT_LENGTH, 2), 0.25))
     assert torch.allclose(edited[name][..., keep], clean[name][..., keep])
     assert all(not m._forward_hooks for m in model.modules())
+
+
+def test_ablation_shares_match_one_set_at_a_time(setup):
+    lang, model = setup
+    prompts = lang.questions(5, np.random.default_rng(7))
+    sets = [[], [1, 4, 9], [0, 2]]
+    shares = intro.ablation_shares(model, lang, 1, sets, prompts, chunk=4)
+    base, _, _ = intro.detect(model, lang, prompts)
+    assert shares[0] == pytest.approx(0.0, abs=1e-6)
+    for neurons, share in zip(sets[1:], shares[1:], strict=True):
+        with intro.set_neurons(model, 1, neurons, 0.0):
+            margin, _, _ = intro.detect(model, lang, prompts)
+        expected = float((margin.mean() - base.mean()) / base.mean().abs())
+        assert share == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    with pytest.raises(ValueError, match="neurons"):
+        intro.ablation_shares(model, lang, 1, [[64]], prompts)
+
+
+def test_mlp_patching_is_zero_up_to_the_injection_layer(setup):
+    lang, model = setup
+    prompts = lang.questions(6, np.random.default_rng(8))
+    vec = torch.randn(32, generator=torch.Generator().manual_seed(0))
+    shares = intro.mlp_patching(model, lang, prompts, vec, 0, 3.0)
+    assert shares.shape == (3,) and abs(shares[0]) < 1e-5
+    assert np.isfinite(shares).all()
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def test_chat_detection_rejects_bad_trials():
+    with pytest.raises(ValueError, match="two-digit"):
+        intro.chat_detection_log_odds(None, [5])
+    with pytest.raises(ValueError):
+        intro.chat_detection_logprobs(None, [100])
+    with pytest.raises(ValueError, match="baseline"):
+        intro.chat_concept_vectors(None, ["bread"], [], 3)

@@ -470,6 +470,67 @@ def set_neurons(model: tnn.TinyGPT, layer: int, neurons: Sequence[int],
         yield
 
 
+def ablation_shares(model: tnn.TinyGPT, lang: ConceptLanguage, layer: int,
+                    neuron_sets: Sequence[Sequence[int]], prompts: torch.Tensor,
+                    chunk: int = 4096) -> np.ndarray:
+    r"""Margin shift of zero-ablating each neuron set of block ``layer``, as a share of the
+    control margin (eq-intro-share): $(\bar m_S - \bar m) / |\bar m|$ over ``prompts``.
+
+    All sets run in one batched pass (rows are set-major copies of ``prompts``, each with its own
+    keep-mask on the MLP activations), in chunks of ``chunk`` rows. A positive share moves the
+    answer towards Yes; a share of 1 brings a "No" margin to zero on average.
+    """
+    layer = check_layer(model, layer)
+    d_mlp, n = model.config.d_mlp, len(prompts)
+    masks = torch.ones(len(neuron_sets), d_mlp)
+    for i, neurons in enumerate(neuron_sets):
+        index = torch.as_tensor(list(neurons), dtype=torch.long)
+        if index.numel() and not (int(index.min()) >= 0 and int(index.max()) < d_mlp):
+            raise ValueError(f"neurons must lie in 0 .. {d_mlp - 1}")
+        masks[i, index] = 0.0
+    base, _, _ = detect(model, lang, prompts)
+    rows = masks.repeat_interleave(n, 0)
+    tokens = prompts.repeat(len(neuron_sets), 1)
+    shifts = []
+    for lo in range(0, len(rows), chunk):
+        keep = rows[lo:lo + chunk]
+        with tnn.hooks(model, {f"blocks.{layer}.mlp.hook_post": lambda x, k=keep: x * k[:, None]}):
+            margin, _, _ = detect(model, lang, tokens[lo:lo + chunk])
+        shifts.append(margin)
+    margins = torch.cat(shifts).view(len(neuron_sets), n)
+    return ((margins.mean(1) - base.mean()) / base.mean().abs()).numpy()
+
+
+def mlp_patching(model: tnn.TinyGPT, lang: ConceptLanguage, prompts: torch.Tensor,
+                 vectors: torch.Tensor, layer: int, alpha: float) -> np.ndarray:
+    r"""Share of the injected margin shift that each block's MLP carries (eq-intro-patch).
+
+    For block $b$, the injected run is repeated with the MLP output of block $b$ replaced by its
+    value on the same prompts without injection; the share is
+    $(\bar m_{\text{inj}} - \bar m_{b}) / (\bar m_{\text{inj}} - \bar m_{\text{ctl}})$.
+    Blocks up to ``layer`` (the injection writes at its output) have share 0 by construction.
+    """
+    layer = check_layer(model, layer)
+    names = [f"blocks.{b}.hook_mlp_out" for b in range(len(model.blocks))]
+    with torch.no_grad():
+        m_ctl, _, _ = detect(model, lang, prompts)
+        _, cache = tnn.run_with_cache(model, prompts, names)
+    with inject(model, layer, vectors, alpha, start=1):
+        m_inj, _, _ = detect(model, lang, prompts)
+    total = float(m_inj.mean() - m_ctl.mean())
+    out = np.zeros(len(model.blocks))
+    for b, name in enumerate(names):
+        # the clean cache covers the prompt; the teacher-forced answer tokens come after it and
+        # cannot change the margin read at the last prompt token
+        clean = cache[name]
+        with inject(model, layer, vectors, alpha, start=1), \
+                tnn.hooks(model, {name: lambda x, c=clean: torch.cat(
+                    [c, x[:, c.shape[1]:]], 1)}):
+            m_patch, _, _ = detect(model, lang, prompts)
+        out[b] = float(m_inj.mean() - m_patch.mean()) / total if total else 0.0
+    return out
+
+
 # --- experiment helpers ---------------------------------------------------------------------
 
 
@@ -510,3 +571,123 @@ def mean_ablate(direction: torch.Tensor, mean: torch.Tensor):
         return x - ((x - mean) @ unit)[..., None] * unit
 
     return edit
+
+
+# --- the protocol on a real post-trained model (icml26.llm) ------------------------------------
+
+DETECTION_PREFIX = "I study your mind and can inject a thought into it. Answer Yes or No."
+"""First part of the detection question: read before any injection, shared by every trial."""
+
+DETECTION_QUESTION = "Trial {trial}: do you detect an injected thought?"
+"""Second part, from which on the injection is added (the trial number varies)."""
+
+
+class _StopPassError(Exception):
+    """Raised by a hook to end a forward pass once the layer it needs is read."""
+
+
+def _split_chat(lm, user: str, cut: str) -> tuple[str, str]:
+    from icml26 import llm
+
+    full = llm.chat(lm, user)
+    where = full.index(cut)
+    return full[:where], full[where:]
+
+
+def _suffix_pass(lm, prefix: str, suffixes: Sequence[str], *, read_layer: int | None = None,
+                 vectors: torch.Tensor | None = None, layer: int = 0,
+                 alpha: float = 1.0) -> torch.Tensor:
+    """One batched pass over ``suffixes`` after a shared ``prefix`` run once (its keys and values
+    reused). Returns the next-token log-probabilities at the last token, or, with
+    ``read_layer``, the residual stream entering that block at the last token (the pass stops
+    there). ``vectors`` (one row per suffix) are added at ``layer`` on every suffix token."""
+    from icml26 import llm
+
+    tok = lm.tokenizer
+    prefix_ids = tok(prefix, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    rows = [tok(s, add_special_tokens=False)["input_ids"] for s in suffixes]
+    if len({len(r) for r in rows}) != 1:
+        raise ValueError("every suffix must have the same number of tokens, got "
+                         f"{sorted({len(r) for r in rows})}")
+    suffix_ids = torch.tensor(rows)
+    n, length = suffix_ids.shape
+    start = prefix_ids.shape[1]
+    seen: list[torch.Tensor] = []
+    handles = []
+    steer = (contextlib.nullcontext() if vectors is None
+             else llm.inject(lm, layer, torch.as_tensor(vectors, dtype=torch.float32),
+                             scale=check_alpha(alpha)))
+    with torch.no_grad():
+        cache = lm.model.model(input_ids=prefix_ids, use_cache=True).cache
+    cache.batch_repeat_interleave(n)
+    if read_layer is not None:
+        (module,) = llm._stream_modules(lm, [read_layer])
+
+        def read(_module, args):
+            seen.append(args[0].detach()[:, -1])
+            raise _StopPassError
+
+        handles.append(module.register_forward_pre_hook(read))
+    try:
+        with torch.no_grad():
+            positions = torch.arange(start, start + length).expand(n, length)
+            with steer, contextlib.suppress(_StopPassError):
+                logits = lm.model(input_ids=suffix_ids, cache=cache, position_ids=positions,
+                                  logits_to_keep=1).logits[:, -1]
+    finally:
+        for handle in handles:
+            handle.remove()
+    if read_layer is not None:
+        return seen[0]
+    return torch.log_softmax(logits.float(), -1)
+
+
+def chat_concept_vectors(lm, words: Sequence[str], baseline: Sequence[str],
+                         layer: int) -> torch.Tensor:
+    r"""Concept vectors of eq-intro-concept on a chat model, shape ``(len(words), d)``.
+
+    Each prompt is the chat-formatted user turn "Tell me about {word}." ending where the
+    assistant's answer starts; $h_\ell$ is the residual stream entering block ``layer`` at its
+    last token. Every word must be one token after a space, so that the prompts align.
+    """
+    words, baseline = list(words), list(baseline)
+    if not words or not baseline:
+        raise ValueError("need at least one word and one baseline word")
+    parts = [_split_chat(lm, f"Tell me about {w}.", f" {w}.") for w in (*words, *baseline)]
+    last = _suffix_pass(lm, parts[0][0], [s for _, s in parts], read_layer=layer)
+    return last[:len(words)] - last[len(words):].mean(0)
+
+
+def detection_prompt_parts(lm, trial: int) -> tuple[str, str]:
+    """The chat prompt of one trial split where the injection starts: ``(prefix, suffix)``."""
+    return _split_chat(lm, f"{DETECTION_PREFIX} {DETECTION_QUESTION.format(trial=trial)}",
+                       " Trial")
+
+
+def chat_detection_logprobs(lm, trials: Sequence[int], vectors: torch.Tensor | None = None,
+                            layer: int = 0, alpha: float = 1.0) -> torch.Tensor:
+    """Log-probabilities of the detection answer's first token, shape ``(len(trials), vocab)``,
+    with the prompts and injection of :func:`chat_detection_log_odds` (which reads Yes minus No
+    from them). The whole distribution also tells whether an injection reaches the output."""
+    trials = [int(t) for t in trials]
+    if not trials or not all(10 <= t <= 99 for t in trials):
+        raise ValueError("trials must be a non-empty list of two-digit numbers")
+    parts = [detection_prompt_parts(lm, t) for t in trials]
+    return _suffix_pass(lm, parts[0][0], [s for _, s in parts], vectors=vectors, layer=layer,
+                        alpha=alpha)
+
+
+def chat_detection_log_odds(lm, trials: Sequence[int], vectors: torch.Tensor | None = None,
+                            layer: int = 0, alpha: float = 1.0) -> torch.Tensor:
+    r"""Yes-minus-No log-odds of the detection answer (eq-intro-decision) for each trial.
+
+    The prompt is the chat-formatted question of :data:`DETECTION_PREFIX` and
+    :data:`DETECTION_QUESTION`; ``alpha * vectors[i]`` (eq-intro-inject) is added to the
+    residual stream entering block ``layer`` at every token from trial ``i``'s question on,
+    assistant marker included. With ``vectors=None`` nothing is injected (controls). Trial
+    numbers must all have two digits, so that the prompts align.
+    """
+    from icml26 import llm
+
+    logprobs = chat_detection_logprobs(lm, trials, vectors, layer, alpha)
+    return logprobs[:, llm.token_id(lm, "Yes")] - logprobs[:, llm.token_id(lm, "No")]
