@@ -115,6 +115,42 @@ def test_consistent_latent_is_the_weight_where_its_own_signs_agree(layer_data):
     torch.testing.assert_close(latent[inside & (W.abs() > 1e-4)], W[inside & (W.abs() > 1e-4)])
 
 
+def test_consistent_latent_with_negative_scales_reproduces_the_signs():
+    """Where a least-squares refit makes G_1 < 0 (or G_2 < 0), the latent must still give back
+    every sign: the offsets accumulate the signed G_p b_p."""
+    generator = gen(5)
+    W = torch.randn(12, 30, generator=generator, dtype=torch.float64) * 0.05
+    for P in (2, 3):
+        g = torch.rand(P, 12, generator=generator, dtype=torch.float64) * 0.04 + 0.01
+        h = torch.rand(P, 30, generator=generator, dtype=torch.float64) + 0.5
+        g[0, :6] *= -1  # G_1 < 0 on half the rows
+        g[1, ::3] *= -1  # and G_2 < 0 on a third
+        # signs that some latent produces, so every entry's interval is non-empty
+        source = torch.randn(12, 30, generator=generator, dtype=torch.float64) * 0.05
+        signs = []
+        for p in range(P):
+            signs.append(rb.binary_sign(source))
+            source = source - g[p, :, None] * signs[-1] * h[p]
+        paths = rb.BinaryPaths(torch.stack(signs), g, h)
+        assert (paths.out_scales[0, :, None] * paths.in_scales[0] < 0).any()
+        latent = rb.consistent_latent(W, paths)
+        residual = latent.clone()
+        for p in range(P):
+            assert torch.equal(rb.binary_sign(residual), paths.signs[p]), (P, p)
+            residual = residual - paths.path_weights()[p]
+        layer = rb.ResidualBinaryLinear(W, paths, mode="rabit")
+        assert torch.equal(layer.weight(), paths.weight())
+
+
+def test_every_tinygpt_layer_starts_from_its_initial_paths(tiny_teacher):
+    teacher, tokens = tiny_teacher
+    for init in rb.INITS:
+        paths = rb.initial_paths(teacher, tokens[:8, :8], init=init)
+        for method in ("independent", "rabit"):
+            student = rb.build_quantized(teacher, method, paths)
+            assert rb.start_gap(student, paths) == 0.0
+
+
 def test_rabit_with_two_paths_is_nearest_level_quantisation():
     g1, h1 = torch.tensor([0.5]), torch.tensor([1.0])
     g2, h2 = torch.tensor([0.2]), torch.tensor([1.0])

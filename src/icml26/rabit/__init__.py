@@ -40,6 +40,7 @@ from icml26.rabit.experiment import (
     quantized_layers,
     rtn_model,
     run_qat,
+    start_gap,
     sweep_learning_rate,
     uniform_bits_per_weight,
 )
@@ -62,6 +63,6 @@ __all__ = [
     "median_time", "model_bits_per_weight", "optimizer_state_elements", "output_error",
     "pack_signs", "packed_sign_matvec", "path_output_correlation", "pearson", "quantized_layers",
     "refit_out_scales", "residual_svid", "rtn_model", "rtn_quantize", "run_qat", "sign_ste",
-    "subset_sum_table", "svid", "sweep_learning_rate", "STES", "UniformQATLinear",
+    "start_gap", "subset_sum_table", "svid", "sweep_learning_rate", "STES", "UniformQATLinear",
     "ordering_violations", "path_ste", "uniform_bits_per_weight",
 ]

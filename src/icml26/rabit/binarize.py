@@ -208,22 +208,24 @@ def consistent_latent(weight: torch.Tensor, paths: BinaryPaths,
 
     RaBiT recomputes $B_p = \\operatorname{sign}(W - \\sum_{q<p} \\hat W_q)$, so the latent must
     satisfy $b_p (w - c_p) > 0$ with $c_p = \\sum_{q<p} G_q b_q$ for every $p$: an interval per
-    entry (Eq. `eq-consistent-latent`). We project ``weight`` onto it, ``margin`` (relative to
-    the interval, capped) away from its ends. For $P = 2$ the interval is never empty; for
+    entry (Eq. `eq-consistent-latent`). The offsets $c_p$ accumulate the *signed* path weights
+    $G_q b_q$, so the latent is right also where a least-squares scale makes $G_q < 0$.
+    We project ``weight`` onto it, ``margin`` (relative to the interval, capped) away from its
+    ends. For $P = 2$ the interval is never empty; for
     $P > 2$ an empty one (rare) gets its midpoint and that entry is not reproduced exactly.
     """
     weight = check_weight(weight)
-    magnitudes = paths.path_weights().abs()
+    path_weights = paths.path_weights()  # the signed G_p * b_p
     lower = torch.full_like(weight, -torch.inf)
     upper = torch.full_like(weight, torch.inf)
     offset = torch.zeros_like(weight)
-    for sign, size in zip(paths.signs, magnitudes, strict=True):
+    for sign, path in zip(paths.signs, path_weights, strict=True):
         lower = torch.where(sign > 0, torch.maximum(lower, offset), lower)
         upper = torch.where(sign < 0, torch.minimum(upper, offset), upper)
-        offset = offset + sign * size
+        offset = offset + path  # c_{p+1} = c_p + G_p b_p, whatever the sign of G_p
     width = upper - lower
     gap = torch.where(torch.isfinite(width), width * margin,
-                      margin * magnitudes[0]).clamp_min(torch.finfo(weight.dtype).tiny)
+                      margin * path_weights[0].abs()).clamp_min(torch.finfo(weight.dtype).tiny)
     projected = torch.minimum(torch.maximum(weight, lower + gap), upper - gap)
     midpoint = 0.5 * (lower + upper)
     return torch.where(width > 0, projected, midpoint)

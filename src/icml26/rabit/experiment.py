@@ -78,6 +78,17 @@ def build_quantized(model: nn.Module, method: str,
     return quantized
 
 
+def start_gap(model: nn.Module, paths: dict[str, BinaryPaths]) -> float:
+    r"""Largest |entry| of $\hat W - \hat W_{\text{init}}$ over every quantised layer of
+    ``model``: 0 when each layer (both modes) starts exactly from its initial paths."""
+    layers = quantized_layers(model)
+    if set(layers) != set(paths):
+        raise ValueError("the model's quantised layers and the paths name different layers")
+    with torch.no_grad():
+        return max((layers[name].weight() - paths[name].weight()).abs().max().item()
+                   for name in layers)
+
+
 def rtn_model(model: nn.Module, bits: int = 2) -> nn.Module:
     """A copy of ``model`` with every block Linear weight round-to-nearest quantised."""
     quantized = copy.deepcopy(model)
