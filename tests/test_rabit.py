@@ -397,3 +397,30 @@ def test_lsq_method_trains_deterministically(tiny_teacher):
                        batch_size=4, probe_tokens=tokens[:4, :8], probe_every=1)
             for _ in range(2)]
     assert runs[0].losses == runs[1].losses and runs[0].correlations == []
+
+
+def test_stacked_training_matches_separate_runs(tiny_teacher):
+    """Two replicates trained at once (different seeds and rates) follow the same trajectories as
+    two ordinary runs of nn.train with the distillation loss."""
+    from icml26.rabit import stacked
+
+    teacher, tokens = tiny_teacher
+    for parameter in teacher.parameters():
+        parameter.requires_grad_(False)
+    paths = rb.initial_paths(teacher, tokens[:8, :8])
+    students = [rb.build_quantized(teacher, "rabit", paths) for _ in range(2)]
+    trainable, fixed = stacked.stack_parameters(students)
+    teacher_stack = {n: torch.stack([p.detach()] * 2) for n, p in teacher.named_parameters()}
+    stacked.train_stacked(students[0], trainable, fixed, tokens, steps=5, lrs=[1e-3, 3e-3],
+                          seeds=[1, 2], batch_size=4, teacher=(teacher, teacher_stack))
+    for index, (lr, seed) in enumerate(((1e-3, 1), (3e-3, 2))):
+        reference = rb.run_qat(teacher, "rabit", paths, tokens, tokens, steps=5, lr=lr,
+                               seed=seed, batch_size=4)
+        mine = stacked.replicate(students[0], trainable, index)
+        for (name, a), b in zip(reference.model.named_parameters(),
+                                mine.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
+    nll = stacked.stacked_nll(students[0], {**fixed, **trainable}, tokens, min_context=1)
+    assert nll.shape == (2,)
+    assert abs(nll[0].item() - tnn.evaluate_nll(stacked.replicate(students[0], trainable, 0),
+                                               tokens, min_context=1)) < 1e-5
