@@ -142,6 +142,24 @@ def test_consistent_latent_with_negative_scales_reproduces_the_signs():
         assert torch.equal(layer.weight(), paths.weight())
 
 
+def test_positive_scales_keep_the_weight_and_make_the_start_exact(layer_data):
+    W, X = layer_data
+    paths = rb.function_aware_init(W, X, 2)
+    negative = rb.BinaryPaths(paths.signs.clone(), paths.out_scales.clone(),
+                              paths.in_scales.clone())
+    negative.out_scales[0, ::2] *= -1  # G_1 < 0 on every other row ...
+    negative.signs[0, ::2] *= -1  # ... with the same path weights
+    negative.in_scales[1, :5] *= -1
+    negative.signs[1, :, :5] *= -1
+    torch.testing.assert_close(negative.weight(), paths.weight())
+    fixed = rb.positive_scales(negative)
+    assert (fixed.out_scales >= 0).all() and (fixed.in_scales >= 0).all()
+    torch.testing.assert_close(fixed.weight(), paths.weight())
+    for mode in rb.MODES:
+        layer = rb.ResidualBinaryLinear(W, fixed, mode=mode)
+        torch.testing.assert_close(layer.weight(), paths.weight(), rtol=0, atol=1e-15)
+
+
 def test_every_tinygpt_layer_starts_from_its_initial_paths(tiny_teacher):
     teacher, tokens = tiny_teacher
     for init in rb.INITS:

@@ -20,6 +20,7 @@ from icml26.rabit.binarize import (
     ordering_violations,
     output_error,
     path_ste,
+    positive_scales,
     refit_out_scales,
     residual_svid,
     rtn_quantize,
@@ -68,5 +69,5 @@ __all__ = [
     "pack_signs", "packed_sign_matvec", "path_output_correlation", "pearson", "quantized_layers",
     "refit_out_scales", "residual_svid", "rtn_model", "rtn_quantize", "run_qat", "sign_ste",
     "start_gap", "subset_sum_table", "svid", "sweep_learning_rate", "STES", "UniformQATLinear",
-    "ordering_violations", "path_ste", "uniform_bits_per_weight",
+    "ordering_violations", "path_ste", "positive_scales", "uniform_bits_per_weight",
 ]
