@@ -219,7 +219,7 @@ class Replicates:
     """
 
     method: str
-    lr: float
+    lr: float | tuple[float, ...]
     template: nn.Module
     trainable: dict[str, torch.Tensor]
     fixed: dict[str, torch.Tensor]
@@ -264,11 +264,12 @@ def stacked_path_signs(params: dict[str, torch.Tensor], layer: str, mode: str,
 
 
 def qat_replicates(teacher: nn.Module, method: str, paths: list[dict[str, BinaryPaths]],
-                   train_tokens, *, steps: int, lr: float, seeds, batch_size: int = 32,
+                   train_tokens, *, steps: int, lr, seeds, batch_size: int = 32,
                    ste: str = "identity", track: bool = True) -> Replicates:
     """Quantise ``teacher`` once per element of ``paths`` (one replicate each: its own
     calibration batch, hence its own initial paths) and train all replicates at once by
-    distillation from ``teacher``, replicate ``r`` on the batches of ``seeds[r]``.
+    distillation from ``teacher``, replicate ``r`` on the batches of ``seeds[r]``, at the rate
+    ``lr`` (or ``lr[r]``, to calibrate a rate over a grid in one run).
 
     The training is that of :func:`run_qat` (AdamW, warm-up and cosine decay, clipping), for all
     replicates in one stacked model. With ``track``, the signs of every path method are compared
@@ -319,5 +320,6 @@ def qat_replicates(teacher: nn.Module, method: str, paths: list[dict[str, Binary
                               for name in layers).numpy() / total for p in range(n_paths)], 1)
     else:
         flips = np.full((count, 0), np.nan)
+    lr = float(lr) if np.ndim(lr) == 0 else tuple(float(v) for v in lr)
     return Replicates(method, lr, template, trainable, fixed, losses, skips.numpy(),
                       changes.numpy(), flips)
