@@ -241,6 +241,17 @@ class Replicates:
         from icml26.rabit.stacked import replicate
         return replicate(self.template, self.trainable, index)
 
+    def subset(self, indices) -> Replicates:
+        """The replicates ``indices`` of this run (a method trained in one stack from several
+        starts, e.g. two initialisations, is split back into one :class:`Replicates` per start)."""
+        index = torch.as_tensor(list(indices), dtype=torch.long)
+        rows = index.numpy()
+        lr = self.lr if np.ndim(self.lr) == 0 else tuple(self.lr[i] for i in rows)
+        return Replicates(self.method, lr, self.template,
+                          {n: t[index] for n, t in self.trainable.items()},
+                          {n: t[index] for n, t in self.fixed.items()}, self.losses[:, index],
+                          self.level_skips[rows], self.level_changes[rows], self.flips[rows])
+
     def nll(self, sequences, min_context: int = 0) -> np.ndarray:
         from icml26.rabit.stacked import stacked_nll
         params = {**self.fixed, **self.trainable}
@@ -291,21 +302,24 @@ def qat_replicates(teacher: nn.Module, method: str, paths: list[dict[str, Binary
     skips, changes = torch.zeros(count, dtype=torch.float64), torch.zeros(count,
                                                                           dtype=torch.float64)
 
-    def signs_now() -> dict[str, torch.Tensor]:
+    def levels_now() -> dict[str, torch.Tensor]:
+        """Level index 2 [b_1 > 0] + [b_2 > 0] of every weight, ``(R, m, n)`` int8 per layer."""
         params = {**fixed, **trainable}
         with torch.no_grad():
-            return {name: stacked_path_signs(params, name, mode, n_paths) for name in layers}
+            levels = {}
+            for name in layers:
+                signs = stacked_path_signs(params, name, mode, n_paths) > 0
+                levels[name] = (2 * signs[:, 0] + signs[:, 1]).to(torch.int8)
+            return levels
 
-    start = signs_now() if track else {}
+    start = levels_now() if track else {}
     previous = dict(start)
 
     def callback(step: int) -> None:
         nonlocal previous
-        current = signs_now()
-        for name, signs in current.items():
-            before = 2 * (previous[name][:, 0] > 0).long() + (previous[name][:, 1] > 0).long()
-            after = 2 * (signs[:, 0] > 0).long() + (signs[:, 1] > 0).long()
-            moved = (after - before).abs().flatten(1)
+        current = levels_now()
+        for name, after in current.items():
+            moved = (after - previous[name]).abs_().flatten(1)
             skips.add_((moved > 1).sum(1))
             changes.add_((moved > 0).sum(1))
         previous = current
@@ -314,9 +328,10 @@ def qat_replicates(teacher: nn.Module, method: str, paths: list[dict[str, Binary
                            seeds=seeds, batch_size=batch_size, teacher=(teacher, None),
                            callback=callback if track else None)
     if track:
-        end = signs_now()
-        total = sum(start[name][:, 0].numel() for name in layers)
-        flips = np.stack([sum((end[name][:, p] != start[name][:, p]).flatten(1).sum(1)
+        end = levels_now()
+        total = sum(start[name][0].numel() for name in layers)
+        bit = (lambda v: v >= 2, lambda v: v % 2 == 1)  # path 1's sign, path 2's sign
+        flips = np.stack([sum((bit[p](end[name]) != bit[p](start[name])).flatten(1).sum(1)
                               for name in layers).numpy() / total for p in range(n_paths)], 1)
     else:
         flips = np.full((count, 0), np.nan)
