@@ -442,3 +442,22 @@ def test_stacked_training_matches_separate_runs(tiny_teacher):
     assert nll.shape == (2,)
     assert abs(nll[0].item() - tnn.evaluate_nll(stacked.replicate(students[0], trainable, 0),
                                                tokens, min_context=1)) < 1e-5
+
+
+def test_replicate_metrics_are_per_replicate_and_subset_splits(tiny_teacher):
+    """Flip rates are fractions of one replicate's signs (they do not shrink with the number of
+    replicates), RaBiT never skips a level at a small rate, and ``subset`` splits a stack."""
+    teacher, tokens = tiny_teacher
+    paths = rb.initial_paths(teacher, tokens[:8, :8])
+    kwargs = dict(steps=4, lr=3e-2, batch_size=4)
+    one = rb.qat_replicates(teacher, "independent", [paths], tokens, seeds=[1], **kwargs)
+    two = rb.qat_replicates(teacher, "independent", [paths, paths], tokens, seeds=[1, 1], **kwargs)
+    np.testing.assert_allclose(two.flips, np.repeat(one.flips, 2, axis=0), atol=1e-6)
+    assert one.flips.max() > 0
+    rabit = rb.qat_replicates(teacher, "rabit", [paths, paths], tokens, seeds=[1, 2],
+                              steps=4, lr=1e-3, batch_size=4)
+    assert rabit.level_skips.sum() == 0 and rabit.level_changes.sum() > 0
+    part = rabit.subset([1])
+    assert part.count == 1 and part.flips[0].tolist() == rabit.flips[1].tolist()
+    np.testing.assert_allclose(part.nll(tokens, min_context=1),
+                               rabit.nll(tokens, min_context=1)[1:], rtol=1e-6)
