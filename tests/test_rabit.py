@@ -115,6 +115,60 @@ def test_consistent_latent_is_the_weight_where_its_own_signs_agree(layer_data):
     torch.testing.assert_close(latent[inside & (W.abs() > 1e-4)], W[inside & (W.abs() > 1e-4)])
 
 
+def test_consistent_latent_with_negative_scales_reproduces_the_signs():
+    """Where a least-squares refit makes G_1 < 0 (or G_2 < 0), the latent must still give back
+    every sign: the offsets accumulate the signed G_p b_p."""
+    generator = gen(5)
+    W = torch.randn(12, 30, generator=generator, dtype=torch.float64) * 0.05
+    for P in (2, 3):
+        g = torch.rand(P, 12, generator=generator, dtype=torch.float64) * 0.04 + 0.01
+        h = torch.rand(P, 30, generator=generator, dtype=torch.float64) + 0.5
+        g[0, :6] *= -1  # G_1 < 0 on half the rows
+        g[1, ::3] *= -1  # and G_2 < 0 on a third
+        # signs that some latent produces, so every entry's interval is non-empty
+        source = torch.randn(12, 30, generator=generator, dtype=torch.float64) * 0.05
+        signs = []
+        for p in range(P):
+            signs.append(rb.binary_sign(source))
+            source = source - g[p, :, None] * signs[-1] * h[p]
+        paths = rb.BinaryPaths(torch.stack(signs), g, h)
+        assert (paths.out_scales[0, :, None] * paths.in_scales[0] < 0).any()
+        latent = rb.consistent_latent(W, paths)
+        residual = latent.clone()
+        for p in range(P):
+            assert torch.equal(rb.binary_sign(residual), paths.signs[p]), (P, p)
+            residual = residual - paths.path_weights()[p]
+        layer = rb.ResidualBinaryLinear(W, paths, mode="rabit")
+        assert torch.equal(layer.weight(), paths.weight())
+
+
+def test_positive_scales_keep_the_weight_and_make_the_start_exact(layer_data):
+    W, X = layer_data
+    paths = rb.function_aware_init(W, X, 2)
+    negative = rb.BinaryPaths(paths.signs.clone(), paths.out_scales.clone(),
+                              paths.in_scales.clone())
+    negative.out_scales[0, ::2] *= -1  # G_1 < 0 on every other row ...
+    negative.signs[0, ::2] *= -1  # ... with the same path weights
+    negative.in_scales[1, :5] *= -1
+    negative.signs[1, :, :5] *= -1
+    torch.testing.assert_close(negative.weight(), paths.weight())
+    fixed = rb.positive_scales(negative)
+    assert (fixed.out_scales >= 0).all() and (fixed.in_scales >= 0).all()
+    torch.testing.assert_close(fixed.weight(), paths.weight())
+    for mode in rb.MODES:
+        layer = rb.ResidualBinaryLinear(W, fixed, mode=mode)
+        torch.testing.assert_close(layer.weight(), paths.weight(), rtol=0, atol=1e-15)
+
+
+def test_every_tinygpt_layer_starts_from_its_initial_paths(tiny_teacher):
+    teacher, tokens = tiny_teacher
+    for init in rb.INITS:
+        paths = rb.initial_paths(teacher, tokens[:8, :8], init=init)
+        for method in ("independent", "rabit"):
+            student = rb.build_quantized(teacher, method, paths)
+            assert rb.start_gap(student, paths) == 0.0
+
+
 def test_rabit_with_two_paths_is_nearest_level_quantisation():
     g1, h1 = torch.tensor([0.5]), torch.tensor([1.0])
     g2, h2 = torch.tensor([0.2]), torch.tensor([1.0])
@@ -361,3 +415,49 @@ def test_lsq_method_trains_deterministically(tiny_teacher):
                        batch_size=4, probe_tokens=tokens[:4, :8], probe_every=1)
             for _ in range(2)]
     assert runs[0].losses == runs[1].losses and runs[0].correlations == []
+
+
+def test_stacked_training_matches_separate_runs(tiny_teacher):
+    """Two replicates trained at once (different seeds and rates) follow the same trajectories as
+    two ordinary runs of nn.train with the distillation loss."""
+    from icml26.rabit import stacked
+
+    teacher, tokens = tiny_teacher
+    for parameter in teacher.parameters():
+        parameter.requires_grad_(False)
+    paths = rb.initial_paths(teacher, tokens[:8, :8])
+    students = [rb.build_quantized(teacher, "rabit", paths) for _ in range(2)]
+    trainable, fixed = stacked.stack_parameters(students)
+    teacher_stack = {n: torch.stack([p.detach()] * 2) for n, p in teacher.named_parameters()}
+    stacked.train_stacked(students[0], trainable, fixed, tokens, steps=5, lrs=[1e-3, 3e-3],
+                          seeds=[1, 2], batch_size=4, teacher=(teacher, teacher_stack))
+    for index, (lr, seed) in enumerate(((1e-3, 1), (3e-3, 2))):
+        reference = rb.run_qat(teacher, "rabit", paths, tokens, tokens, steps=5, lr=lr,
+                               seed=seed, batch_size=4)
+        mine = stacked.replicate(students[0], trainable, index)
+        for (name, a), b in zip(reference.model.named_parameters(),
+                                mine.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
+    nll = stacked.stacked_nll(students[0], {**fixed, **trainable}, tokens, min_context=1)
+    assert nll.shape == (2,)
+    assert abs(nll[0].item() - tnn.evaluate_nll(stacked.replicate(students[0], trainable, 0),
+                                               tokens, min_context=1)) < 1e-5
+
+
+def test_replicate_metrics_are_per_replicate_and_subset_splits(tiny_teacher):
+    """Flip rates are fractions of one replicate's signs (they do not shrink with the number of
+    replicates), RaBiT never skips a level at a small rate, and ``subset`` splits a stack."""
+    teacher, tokens = tiny_teacher
+    paths = rb.initial_paths(teacher, tokens[:8, :8])
+    kwargs = dict(steps=4, lr=3e-2, batch_size=4)
+    one = rb.qat_replicates(teacher, "independent", [paths], tokens, seeds=[1], **kwargs)
+    two = rb.qat_replicates(teacher, "independent", [paths, paths], tokens, seeds=[1, 1], **kwargs)
+    np.testing.assert_allclose(two.flips, np.repeat(one.flips, 2, axis=0), atol=1e-6)
+    assert one.flips.max() > 0
+    rabit = rb.qat_replicates(teacher, "rabit", [paths, paths], tokens, seeds=[1, 2],
+                              steps=4, lr=1e-3, batch_size=4)
+    assert rabit.level_skips.sum() == 0 and rabit.level_changes.sum() > 0
+    part = rabit.subset([1])
+    assert part.count == 1 and part.flips[0].tolist() == rabit.flips[1].tolist()
+    np.testing.assert_allclose(part.nll(tokens, min_context=1),
+                               rabit.nll(tokens, min_context=1)[1:], rtol=1e-6)

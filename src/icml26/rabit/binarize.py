@@ -185,6 +185,21 @@ def refit_out_scales(weight: torch.Tensor, paths: BinaryPaths,
     return BinaryPaths(paths.signs, g.T.contiguous(), paths.in_scales)
 
 
+def positive_scales(paths: BinaryPaths) -> BinaryPaths:
+    r"""The same path weights with every scale made non-negative.
+
+    $\operatorname{diag}(g) B \operatorname{diag}(h)$ is unchanged when $g_i$ and row $i$ of $B$
+    change sign together (and likewise $h_j$ and column $j$). A least-squares refit
+    (Eq. `eq-output-optimal`) can return $g_{p,i} < 0$; with $G_1 < 0$ RaBiT's sequential
+    derivation cannot reach the signs $b_2 \ne b_1$ at all (path 2 then always repeats path 1),
+    so the initial paths are put in this form before a latent is derived from them.
+    """
+    row_flip = torch.where(paths.out_scales < 0, -1.0, 1.0).to(paths.out_scales.dtype)
+    col_flip = torch.where(paths.in_scales < 0, -1.0, 1.0).to(paths.in_scales.dtype)
+    signs = paths.signs * row_flip[:, :, None] * col_flip[:, None, :]
+    return BinaryPaths(signs, paths.out_scales * row_flip, paths.in_scales * col_flip)
+
+
 def function_aware_init(weight: torch.Tensor, activations: torch.Tensor, paths: int = 2,
                         rounds: int = 2) -> BinaryPaths:
     """Our reconstruction of the paper's function-preserving initialisation.
@@ -192,14 +207,15 @@ def function_aware_init(weight: torch.Tensor, activations: torch.Tensor, paths: 
     1. input-channel importance $s^{in}_j = \\sqrt{E[x_j^2]}$ from calibration inputs;
     2. iterative residual SVID on $W \\operatorname{diag}(s^{in})$ (Eq. `eq-importance`);
     3. output scales refitted to minimise $E\\lVert (W - \\hat W)x \\rVert^2$
-       (Eq. `eq-output-optimal`).
+       (Eq. `eq-output-optimal`), then made non-negative by :func:`positive_scales` (the same
+       $\\hat W$).
     """
     weight = check_weight(weight)
     activations = check_activations(activations, weight.shape[1]).to(weight.dtype)
     second_moment = activations.T @ activations / activations.shape[0]
     in_importance = second_moment.diagonal().clamp_min(1e-12).sqrt()
     decomposition = residual_svid(weight, paths, rounds, in_importance=in_importance)
-    return refit_out_scales(weight, decomposition, second_moment)
+    return positive_scales(refit_out_scales(weight, decomposition, second_moment))
 
 
 def consistent_latent(weight: torch.Tensor, paths: BinaryPaths,
@@ -208,22 +224,24 @@ def consistent_latent(weight: torch.Tensor, paths: BinaryPaths,
 
     RaBiT recomputes $B_p = \\operatorname{sign}(W - \\sum_{q<p} \\hat W_q)$, so the latent must
     satisfy $b_p (w - c_p) > 0$ with $c_p = \\sum_{q<p} G_q b_q$ for every $p$: an interval per
-    entry (Eq. `eq-consistent-latent`). We project ``weight`` onto it, ``margin`` (relative to
-    the interval, capped) away from its ends. For $P = 2$ the interval is never empty; for
-    $P > 2$ an empty one (rare) gets its midpoint and that entry is not reproduced exactly.
+    entry (Eq. `eq-consistent-latent`). The offsets $c_p$ accumulate the *signed* path weights
+    $G_q b_q$, so the latent is right also where a least-squares scale makes $G_q < 0$.
+    We project ``weight`` onto it, ``margin`` (relative to the interval, capped) away from its
+    ends. For $P = 2$ with $G_1 > 0$ the interval is never empty (:func:`positive_scales`
+    ensures it); an empty one gets its midpoint and that entry is not reproduced exactly.
     """
     weight = check_weight(weight)
-    magnitudes = paths.path_weights().abs()
+    path_weights = paths.path_weights()  # the signed G_p * b_p
     lower = torch.full_like(weight, -torch.inf)
     upper = torch.full_like(weight, torch.inf)
     offset = torch.zeros_like(weight)
-    for sign, size in zip(paths.signs, magnitudes, strict=True):
+    for sign, path in zip(paths.signs, path_weights, strict=True):
         lower = torch.where(sign > 0, torch.maximum(lower, offset), lower)
         upper = torch.where(sign < 0, torch.minimum(upper, offset), upper)
-        offset = offset + sign * size
+        offset = offset + path  # c_{p+1} = c_p + G_p b_p, whatever the sign of G_p
     width = upper - lower
     gap = torch.where(torch.isfinite(width), width * margin,
-                      margin * magnitudes[0]).clamp_min(torch.finfo(weight.dtype).tiny)
+                      margin * path_weights[0].abs()).clamp_min(torch.finfo(weight.dtype).tiny)
     projected = torch.minimum(torch.maximum(weight, lower + gap), upper - gap)
     midpoint = 0.5 * (lower + upper)
     return torch.where(width > 0, projected, midpoint)

@@ -78,6 +78,17 @@ def build_quantized(model: nn.Module, method: str,
     return quantized
 
 
+def start_gap(model: nn.Module, paths: dict[str, BinaryPaths]) -> float:
+    r"""Largest |entry| of $\hat W - \hat W_{\text{init}}$ over every quantised layer of
+    ``model``: 0 when each layer (both modes) starts exactly from its initial paths."""
+    layers = quantized_layers(model)
+    if set(layers) != set(paths):
+        raise ValueError("the model's quantised layers and the paths name different layers")
+    with torch.no_grad():
+        return max((layers[name].weight() - paths[name].weight()).abs().max().item()
+                   for name in layers)
+
+
 def rtn_model(model: nn.Module, bits: int = 2) -> nn.Module:
     """A copy of ``model`` with every block Linear weight round-to-nearest quantised."""
     quantized = copy.deepcopy(model)
@@ -196,3 +207,134 @@ def sweep_learning_rate(teacher: nn.Module, method: str, paths: dict[str, Binary
     runs = [run_qat(teacher, method, paths, train_tokens, valid_tokens, lr=lr, **kwargs)
             for lr in lrs]
     return min(runs, key=lambda run: run.valid_nll)
+
+
+@dataclass
+class Replicates:
+    """QAT of one method on ``R`` replicates at once (:mod:`icml26.rabit.stacked`).
+
+    ``level_skips`` and ``level_changes`` count, per replicate and over every step, the weights
+    whose level index $2[b_1 > 0] + [b_2 > 0]$ changed by more than one and by any amount;
+    ``flips[r, p]`` is the fraction of path $p$'s signs that differ from the start.
+    """
+
+    method: str
+    lr: float | tuple[float, ...]
+    template: nn.Module
+    trainable: dict[str, torch.Tensor]
+    fixed: dict[str, torch.Tensor]
+    losses: torch.Tensor
+    level_skips: np.ndarray
+    level_changes: np.ndarray
+    flips: np.ndarray
+
+    @property
+    def count(self) -> int:
+        return len(self.level_skips)
+
+    @property
+    def skip_rate(self) -> np.ndarray:
+        """Per replicate: the fraction of level changes that skipped a level."""
+        return self.level_skips / np.maximum(self.level_changes, 1)
+
+    def model(self, index: int) -> nn.Module:
+        from icml26.rabit.stacked import replicate
+        return replicate(self.template, self.trainable, index)
+
+    def subset(self, indices) -> Replicates:
+        """The replicates ``indices`` of this run (a method trained in one stack from several
+        starts, e.g. two initialisations, is split back into one :class:`Replicates` per start)."""
+        index = torch.as_tensor(list(indices), dtype=torch.long)
+        rows = index.numpy()
+        lr = self.lr if np.ndim(self.lr) == 0 else tuple(self.lr[i] for i in rows)
+        return Replicates(self.method, lr, self.template,
+                          {n: t[index] for n, t in self.trainable.items()},
+                          {n: t[index] for n, t in self.fixed.items()}, self.losses[:, index],
+                          self.level_skips[rows], self.level_changes[rows], self.flips[rows])
+
+    def nll(self, sequences, min_context: int = 0) -> np.ndarray:
+        from icml26.rabit.stacked import stacked_nll
+        params = {**self.fixed, **self.trainable}
+        return stacked_nll(self.template, params, sequences, min_context).numpy()
+
+
+def stacked_path_signs(params: dict[str, torch.Tensor], layer: str, mode: str,
+                       count: int) -> torch.Tensor:
+    """Signs ``(R, P, m, n)`` of quantised layer ``layer`` from stacked parameters (Eq.
+    `eq-rabit` for ``mode="rabit"``, the latents' own signs otherwise)."""
+    from icml26.rabit.binarize import binary_sign
+    signs, residual = [], params[f"{layer}.latents.0"]
+    for p in range(count):
+        source = residual if mode == "rabit" else params[f"{layer}.latents.{p}"]
+        sign = binary_sign(source)
+        signs.append(sign)
+        scale = (params[f"{layer}.out_scales.{p}"][:, :, None]
+                 * params[f"{layer}.in_scales.{p}"][:, None, :])
+        residual = residual - scale * sign
+    return torch.stack(signs, 1)
+
+
+def qat_replicates(teacher: nn.Module, method: str, paths: list[dict[str, BinaryPaths]],
+                   train_tokens, *, steps: int, lr, seeds, batch_size: int = 32,
+                   ste: str = "identity", track: bool = True) -> Replicates:
+    """Quantise ``teacher`` once per element of ``paths`` (one replicate each: its own
+    calibration batch, hence its own initial paths) and train all replicates at once by
+    distillation from ``teacher``, replicate ``r`` on the batches of ``seeds[r]``, at the rate
+    ``lr`` (or ``lr[r]``, to calibrate a rate over a grid in one run).
+
+    The training is that of :func:`run_qat` (AdamW, warm-up and cosine decay, clipping), for all
+    replicates in one stacked model. With ``track``, the signs of every path method are compared
+    after each step with those before it (level skips, Eq. `eq-nearest`).
+    """
+    from icml26.rabit.stacked import stack_parameters, train_stacked
+    if len(paths) != len(list(seeds)):
+        raise ValueError("need one set of paths per seed")
+    for parameter in teacher.parameters():
+        parameter.requires_grad_(False)
+    students = [build_quantized(teacher, method, p, ste) for p in paths]
+    trainable, fixed = stack_parameters(students)
+    template = students[0]
+    count = len(paths)
+    layers = list(quantized_layers(template))
+    track = track and method != "lsq"
+    mode = "rabit" if method == "rabit" else "independent"
+    n_paths = quantized_layers(template)[layers[0]].count if layers and method != "lsq" else 0
+    skips, changes = torch.zeros(count, dtype=torch.float64), torch.zeros(count,
+                                                                          dtype=torch.float64)
+
+    def levels_now() -> dict[str, torch.Tensor]:
+        """Level index 2 [b_1 > 0] + [b_2 > 0] of every weight, ``(R, m, n)`` int8 per layer."""
+        params = {**fixed, **trainable}
+        with torch.no_grad():
+            levels = {}
+            for name in layers:
+                signs = stacked_path_signs(params, name, mode, n_paths) > 0
+                levels[name] = (2 * signs[:, 0] + signs[:, 1]).to(torch.int8)
+            return levels
+
+    start = levels_now() if track else {}
+    previous = dict(start)
+
+    def callback(step: int) -> None:
+        nonlocal previous
+        current = levels_now()
+        for name, after in current.items():
+            moved = (after - previous[name]).abs_().flatten(1)
+            skips.add_((moved > 1).sum(1))
+            changes.add_((moved > 0).sum(1))
+        previous = current
+
+    losses = train_stacked(template, trainable, fixed, train_tokens, steps=steps, lrs=lr,
+                           seeds=seeds, batch_size=batch_size, teacher=(teacher, None),
+                           callback=callback if track else None)
+    if track:
+        end = levels_now()
+        total = sum(start[name][0].numel() for name in layers)
+        bit = (lambda v: v >= 2, lambda v: v % 2 == 1)  # path 1's sign, path 2's sign
+        flips = np.stack([sum((bit[p](end[name]) != bit[p](start[name])).flatten(1).sum(1)
+                              for name in layers).numpy() / total for p in range(n_paths)], 1)
+    else:
+        flips = np.full((count, 0), np.nan)
+    lr = float(lr) if np.ndim(lr) == 0 else tuple(float(v) for v in lr)
+    return Replicates(method, lr, template, trainable, fixed, losses, skips.numpy(),
+                      changes.numpy(), flips)
