@@ -426,3 +426,47 @@ def test_direction_share_and_subspace_capture():
     assert an.subspace_capture(Q, Q.T) == pytest.approx(1)
     with pytest.raises(ValueError):
         an.direction_share(G, 2 * directions)
+
+
+def test_shuffled_source_keeps_entropy_and_breaks_circle_neighbours():
+    geometric = an.circle_source(16, 2.0, max_step=1)
+    shuffled = an.shuffled_source(geometric, seed=3)
+    assert shuffled.entropy_rate == pytest.approx(geometric.entropy_rate, abs=1e-12)
+    assert np.allclose(shuffled.stationary @ shuffled.transition, shuffled.stationary)
+    assert np.allclose(np.sort(shuffled.stationary), np.sort(geometric.stationary))
+    steps = [(w - v) % 16 for v in range(16) for w in range(16)
+             if w != v and shuffled.transition[v, w] > 0]
+    assert any(step not in (1, 15) for step in steps)  # some moves jump across the circle
+    with pytest.raises(ValueError):
+        an.shuffled_source(language.zipf_markov_source(4, 2, seed=0))
+
+
+def test_stratified_rank_test():
+    x = np.tile(np.arange(5.0), 3)
+    strata = np.repeat([0, 1, 2], 5)
+    rho, p = an.stratified_rank_test(x, x + 10 * strata, strata, permutations=2000, seed=0)
+    assert rho == pytest.approx(1.0) and p < 0.01  # perfect order in every stratum
+    rho, p = an.stratified_rank_test(x, -x, strata, permutations=2000, seed=0)
+    assert rho == pytest.approx(-1.0) and p > 0.99
+    # one stratum: the Monte Carlo p-value approaches the exact one
+    _, exact = an.rank_correlation_test(np.arange(5.0), np.array([0.0, 2, 1, 3, 4]))
+    _, approx = an.stratified_rank_test(np.arange(5.0), np.array([0.0, 2, 1, 3, 4]),
+                                        np.zeros(5), permutations=20_000, seed=1)
+    assert approx == pytest.approx(exact, abs=0.01)
+    with pytest.raises(ValueError):
+        an.stratified_rank_test(x[:2], x[:2], strata[:2])
+
+
+def test_cross_fitted_shares_never_score_on_fitting_rows():
+    from icml26.anisotropy import smollm
+
+    rng = np.random.default_rng(0)
+    basis = np.linalg.qr(rng.standard_normal((12, 2)))[0]
+    H = np.abs(rng.standard_normal((80, 2))) @ basis.T + 0.01 * rng.standard_normal((80, 12))
+    G = rng.standard_normal((80, 2)) @ basis.T  # gradients live in the span of the activations
+    block = np.repeat(np.arange(8), 10)
+    shares = smollm.cross_fitted_shares(H, G, block, np.eye(12)[:, :2], 2, n_folds=4)
+    assert set(shares) == {"proxy", "head", "k_over_d"} and len(shares["proxy"]) == 4
+    assert shares["proxy"].min() > 0.95 and np.allclose(shares["k_over_d"], 2 / 12)
+    with pytest.raises(ValueError):
+        smollm.cross_fitted_shares(H, G, np.zeros(80), np.eye(12)[:, :2], 2, n_folds=4)
