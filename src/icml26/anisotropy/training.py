@@ -122,6 +122,8 @@ def train_stacked(models: Sequence[tnn.TinyGPT], corpora: Sequence, *, steps: in
     context = models[0].config.context
     template = models[0]
     names = [n for n, p in template.named_parameters() if p.requires_grad]
+    for model in models:
+        model.train()
     params, buffers = stack_module_state(list(models))
     trainable = {n: params[n].detach().clone().requires_grad_(True) for n in names}
     fixed = {n: v.detach() for n, v in params.items() if n not in trainable}
@@ -135,6 +137,8 @@ def train_stacked(models: Sequence[tnn.TinyGPT], corpora: Sequence, *, steps: in
     # parameters get the gradient of its own loss (torch.func.grad would import torch._dynamo,
     # seconds of CPU).
     stacked_loss = vmap(loss_of)
+    if count == 1:  # one model: train its own parameters
+        trainable = {n: template.get_parameter(n) for n in names}
     ordered = [trainable[n] for n in names]
     optimizer = tnn.AdamW(ordered, lr=lr)
     warmup = max(1, steps // 10)
@@ -142,9 +146,10 @@ def train_stacked(models: Sequence[tnn.TinyGPT], corpora: Sequence, *, steps: in
     def unstack(step: int) -> None:
         for i, model in enumerate(models):
             if step in wanted[i] or step == steps:
-                with torch.no_grad():
-                    for n in names:
-                        model.get_parameter(n).copy_(trainable[n][i])
+                if count > 1:
+                    with torch.no_grad():
+                        for n in names:
+                            model.get_parameter(n).copy_(trainable[n][i])
                 if step in wanted[i]:
                     directory = Path(checkpoints[i][0])
                     paths[i][step] = tnn.save_checkpoint(
@@ -158,13 +163,20 @@ def train_stacked(models: Sequence[tnn.TinyGPT], corpora: Sequence, *, steps: in
         x = torch.stack([b[0] for b in batches])
         y = torch.stack([b[1] for b in batches])
         optimizer.zero_grad()
-        stacked_loss(trainable, fixed, x, y).sum().backward()
+        if count == 1:  # one model: its own forward pass, without functional_call's overhead
+            F.cross_entropy(template(x[0]).flatten(0, 1), y[0].flatten()).backward()
+        else:
+            stacked_loss(trainable, fixed, x, y).sum().backward()
         if grad_clip is not None:
             with torch.no_grad():
-                norms = torch.stack([p.grad.flatten(1).pow(2).sum(1) for p in ordered]).sum(0)
-                scale = (grad_clip / (norms.sqrt() + 1e-6)).clamp(max=1.0)
-                for p in ordered:
-                    p.grad.mul_(scale.view(-1, *[1] * (p.ndim - 1)))
+                if count == 1:
+                    torch.nn.utils.clip_grad_norm_(ordered, grad_clip)
+                else:
+                    norms = torch.stack([p.grad.flatten(1).pow(2).sum(1)
+                                         for p in ordered]).sum(0)
+                    scale = (grad_clip / (norms.sqrt() + 1e-6)).clamp(max=1.0)
+                    for p in ordered:
+                        p.grad.mul_(scale.view(-1, *[1] * (p.ndim - 1)))
         optimizer.step(lr=lr * tnn.cosine_schedule(step, steps, warmup))
         unstack(step + 1)
     for model in models:
