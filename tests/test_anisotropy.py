@@ -350,12 +350,14 @@ def test_train_stacked_matches_training_each_model_alone(tmp_path):
     alone = [tnn.TinyGPT(config, seed=s) for s in (0, 1)]
     for model, corpus, seed in zip(alone, corpora, (5, 6), strict=True):
         tnn.train(model, corpus, steps=6, batch_size=4, lr=1e-2, seed=seed)
-    stacked = [tnn.TinyGPT(config, seed=s) for s in (0, 1)]
-    paths = training.train_stacked(stacked, corpora, steps=6, seeds=(5, 6), batch_size=4,
-                                   lr=1e-2, checkpoints=[(tmp_path / "a", (3, 6)), None])
-    for a, b in zip(alone, stacked, strict=True):
-        for p, q in zip(a.parameters(), b.parameters(), strict=True):
-            assert torch.allclose(p, q, atol=1e-5)
+    for vectorise in (True, False):
+        stacked = [tnn.TinyGPT(config, seed=s) for s in (0, 1)]
+        paths = training.train_stacked(stacked, corpora, steps=6, seeds=(5, 6), batch_size=4,
+                                       lr=1e-2, checkpoints=[(tmp_path / "a", (3, 6)), None],
+                                       vectorise=vectorise)
+        for a, b in zip(alone, stacked, strict=True):
+            for p, q in zip(a.parameters(), b.parameters(), strict=True):
+                assert torch.allclose(p, q, atol=1e-5)
     assert sorted(paths[0]) == [0, 3, 6] and paths[1] == {}
     saved, info = tnn.load_checkpoint(paths[0][6])
     assert info["step"] == 6 and torch.allclose(saved.lm_head.weight, stacked[0].lm_head.weight)

@@ -85,7 +85,8 @@ def train_stacked(models: Sequence[tnn.TinyGPT], corpora: Sequence, *, steps: in
                   seeds: Sequence[int], batch_size: int = 32, lr: float = 3e-3,
                   grad_clip: float | None = 1.0,
                   checkpoints: Sequence[tuple[str | Path, Iterable[int]] | None] | None = None,
-                  transforms: Sequence[Callable | None] | None = None) -> list[dict[int, Path]]:
+                  transforms: Sequence[Callable | None] | None = None,
+                  vectorise: bool = False) -> list[dict[int, Path]]:
     r"""Train several TinyGPTs of one configuration at once, as one stacked model
     (``torch.func.vmap`` over their parameters): the update of :func:`icml26.nn.train` for each
     (AdamW without weight decay, warm-up then cosine learning rate, gradient clipping per model,
@@ -95,6 +96,11 @@ def train_stacked(models: Sequence[tnn.TinyGPT], corpora: Sequence, *, steps: in
     at those steps, as :func:`train_with_checkpoints` does. ``transforms[i](x, y)`` may replace a
     batch before the loss (an encoder's masking). The models are left trained, in eval mode.
     Returns one ``{step: path}`` per model (empty without checkpoints).
+
+    With ``vectorise=False`` (the default) the models train one after the other through the same
+    code: at the book's sizes (d = 32, one CPU thread) training is compute-bound, vmap saved no CPU
+    per model-step (0.0151 s stacked against 0.0148 s alone) and its first call costs about a
+    second. ``vectorise=True`` is for wider hardware (several threads, a GPU).
     """
     from torch.func import functional_call, stack_module_state, vmap
 
@@ -106,6 +112,12 @@ def train_stacked(models: Sequence[tnn.TinyGPT], corpora: Sequence, *, steps: in
         raise ValueError(f"steps must be positive, got {steps}")
     checkpoints = [None] * count if checkpoints is None else list(checkpoints)
     transforms = [None] * count if transforms is None else list(transforms)
+    if count > 1 and not vectorise:
+        return [train_stacked([model], [corpus], steps=steps, seeds=[seed],
+                              batch_size=batch_size, lr=lr, grad_clip=grad_clip,
+                              checkpoints=[spec], transforms=[transform])[0]
+                for model, corpus, seed, spec, transform in zip(
+                    models, corpora, seeds, checkpoints, transforms, strict=True)]
     paths: list[dict[int, Path]] = [{} for _ in range(count)]
     wanted: list[set[int]] = []
     for i, spec in enumerate(checkpoints):
