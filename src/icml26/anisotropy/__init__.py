@@ -6,7 +6,7 @@
 * :mod:`~icml26.anisotropy.tangent`: semi-NMF tangent proxies and gradient-energy tests;
 * :mod:`~icml26.anisotropy.training`: tiny transformers on languages with an entropy knob,
   checkpoints, and per-layer measurements;
-* :mod:`~icml26.anisotropy.minilm`: hidden states of the pretrained all-MiniLM-L6-v2;
+* :mod:`~icml26.anisotropy.smollm`: the proxy-against-gradient test on SmolLM2-135M-Instruct;
 * :mod:`~icml26.anisotropy.circle`: a language on a circle, where the tangent is known.
 """
 
@@ -15,6 +15,7 @@ from icml26.anisotropy.circle import (
     circle_plane,
     circle_source,
     direction_share,
+    shuffled_source,
     subspace_capture,
     tangent_and_normal,
 )
@@ -30,6 +31,7 @@ from icml26.anisotropy.metrics import (
     rank_correlation_test,
     shannon_entropy,
     spectrum,
+    stratified_rank_test,
     top_share,
 )
 from icml26.anisotropy.tangent import (
@@ -50,17 +52,19 @@ from icml26.anisotropy.training import (
     layer_states,
     measure_checkpoint,
     tangent_test,
+    train_stacked,
     train_with_checkpoints,
 )
 
 __all__ = [
     "activations_and_gradients", "all_metrics", "circle_model", "circle_plane", "circle_source",
-    "direction_share", "rank_correlation_test", "subspace_capture", "tangent_and_normal",
+    "direction_share", "rank_correlation_test", "shuffled_source", "stratified_rank_test",
+    "subspace_capture", "tangent_and_normal",
     "anisotropy_share", "as_points",
     "collision_probability", "cone_cosine", "control_energy_share", "effective_rank",
     "energy_share", "entropy_sources", "evaluation_batch", "gradient_anisotropy", "layer_names",
     "layer_states", "mean_cosine", "measure_checkpoint", "orthonormal_basis", "parabola_sample",
     "partition_isotropy", "pca_basis", "random_complement_basis", "semi_nmf", "shannon_entropy",
-    "spectrum", "tangent_test", "top_share", "train_with_checkpoints",
+    "spectrum", "tangent_test", "top_share", "train_stacked", "train_with_checkpoints",
     "visible_curvature_ratio",
 ]

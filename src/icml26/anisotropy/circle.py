@@ -118,3 +118,21 @@ def circle_model(config: tnn.GPTConfig, plane: np.ndarray, radius: float = 1.0,
         model.tok_emb.weight.copy_(torch.as_tensor(table, dtype=model.tok_emb.weight.dtype))
     model.tok_emb.weight.requires_grad_(False)
     return model
+
+
+def shuffled_source(source: language.MarkovSource, seed: int = 0) -> language.MarkovSource:
+    r"""The same walk with its symbols relabelled by a random permutation $\sigma$:
+    $P'_{\sigma(v)\sigma(w)} = P_{vw}$, $\pi'_{\sigma(v)} = \pi_v$.
+
+    On the frozen circle embedding this is the falsification control of the tangent claim: the
+    entropy rate and the stationary frequencies are unchanged, but consecutive symbols are no
+    longer neighbours on the circle, so the dynamics no longer move along it.
+    """
+    if source.order != 1:
+        raise ValueError("only order-1 sources can be relabelled")
+    sigma = np.random.default_rng(seed).permutation(source.vocab_size)
+    inverse = np.argsort(sigma)
+    transition = np.asarray(source.transition)[np.ix_(inverse, inverse)]
+    stationary = np.asarray(source.stationary)[inverse]
+    return language.MarkovSource(vocab_size=source.vocab_size, order=1, transition=transition,
+                                 stationary=stationary)

@@ -81,6 +81,121 @@ def train_with_checkpoints(model: tnn.TinyGPT, sequences, directory: str | Path,
     return paths
 
 
+def train_stacked(models: Sequence[tnn.TinyGPT], corpora: Sequence, *, steps: int,
+                  seeds: Sequence[int], batch_size: int = 32, lr: float = 3e-3,
+                  grad_clip: float | None = 1.0,
+                  checkpoints: Sequence[tuple[str | Path, Iterable[int]] | None] | None = None,
+                  transforms: Sequence[Callable | None] | None = None,
+                  vectorise: bool = False) -> list[dict[int, Path]]:
+    r"""Train several TinyGPTs of one configuration at once, as one stacked model
+    (``torch.func.vmap`` over their parameters): the update of :func:`icml26.nn.train` for each
+    (AdamW without weight decay, warm-up then cosine learning rate, gradient clipping per model,
+    batches drawn from ``corpora[i]`` with a generator seeded by ``seeds[i]``).
+
+    ``checkpoints[i]`` is ``(directory, steps)`` or ``None``: model ``i`` is saved at step 0 and
+    at those steps, as :func:`train_with_checkpoints` does. ``transforms[i](x, y)`` may replace a
+    batch before the loss (an encoder's masking). The models are left trained, in eval mode.
+    Returns one ``{step: path}`` per model (empty without checkpoints).
+
+    With ``vectorise=False`` (the default) the models train one after the other through the same
+    code: at the book's sizes (d = 32, one CPU thread) training is compute-bound, vmap saved no CPU
+    per model-step (0.0151 s stacked against 0.0148 s alone) and its first call costs about a
+    second. ``vectorise=True`` is for wider hardware (several threads, a GPU).
+    """
+    from torch.func import functional_call, stack_module_state, vmap
+
+    count = len(models)
+    if count < 1 or len(corpora) != count or len(seeds) != count:
+        raise ValueError("models, corpora and seeds must be non-empty and of the same length")
+    steps = int(steps)
+    if steps < 1:
+        raise ValueError(f"steps must be positive, got {steps}")
+    checkpoints = [None] * count if checkpoints is None else list(checkpoints)
+    transforms = [None] * count if transforms is None else list(transforms)
+    if count > 1 and not vectorise:
+        return [train_stacked([model], [corpus], steps=steps, seeds=[seed],
+                              batch_size=batch_size, lr=lr, grad_clip=grad_clip,
+                              checkpoints=[spec], transforms=[transform])[0]
+                for model, corpus, seed, spec, transform in zip(
+                    models, corpora, seeds, checkpoints, transforms, strict=True)]
+    paths: list[dict[int, Path]] = [{} for _ in range(count)]
+    wanted: list[set[int]] = []
+    for i, spec in enumerate(checkpoints):
+        if spec is None:
+            wanted.append(set())
+            continue
+        directory, chosen = Path(spec[0]), sorted(set(int(s) for s in spec[1]))
+        if not chosen or chosen[0] < 1 or chosen[-1] > steps:
+            raise ValueError(f"checkpoint steps must lie in [1, {steps}], got {chosen}")
+        wanted.append(set(chosen))
+        paths[i][0] = tnn.save_checkpoint(models[i], directory / "step-000000.pt", step=0)
+    tokens = [tnn.as_token_tensor(c) for c in corpora]
+    generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+    context = models[0].config.context
+    template = models[0]
+    names = [n for n, p in template.named_parameters() if p.requires_grad]
+    for model in models:
+        model.train()
+    params, buffers = stack_module_state(list(models))
+    trainable = {n: params[n].detach().clone().requires_grad_(True) for n in names}
+    fixed = {n: v.detach() for n, v in params.items() if n not in trainable}
+    fixed.update({n: v.detach() for n, v in buffers.items()})
+
+    def loss_of(weights, others, x, y):
+        logits = functional_call(template, {**weights, **others}, (x,))
+        return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+    # vmap of the forward pass and ordinary autograd on the sum of the models' losses: model i's
+    # parameters get the gradient of its own loss (torch.func.grad would import torch._dynamo,
+    # seconds of CPU).
+    stacked_loss = vmap(loss_of)
+    if count == 1:  # one model: train its own parameters
+        trainable = {n: template.get_parameter(n) for n in names}
+    ordered = [trainable[n] for n in names]
+    optimizer = tnn.AdamW(ordered, lr=lr)
+    warmup = max(1, steps // 10)
+
+    def unstack(step: int) -> None:
+        for i, model in enumerate(models):
+            if step in wanted[i] or step == steps:
+                if count > 1:
+                    with torch.no_grad():
+                        for n in names:
+                            model.get_parameter(n).copy_(trainable[n][i])
+                if step in wanted[i]:
+                    directory = Path(checkpoints[i][0])
+                    paths[i][step] = tnn.save_checkpoint(
+                        model, directory / f"step-{step:06d}.pt", step=step)
+
+    for step in range(steps):
+        batches = [tnn.random_windows(t, batch_size, context, g)
+                   for t, g in zip(tokens, generators, strict=True)]
+        batches = [(x, y) if f is None else f(x, y)
+                   for (x, y), f in zip(batches, transforms, strict=True)]
+        x = torch.stack([b[0] for b in batches])
+        y = torch.stack([b[1] for b in batches])
+        optimizer.zero_grad()
+        if count == 1:  # one model: its own forward pass, without functional_call's overhead
+            F.cross_entropy(template(x[0]).flatten(0, 1), y[0].flatten()).backward()
+        else:
+            stacked_loss(trainable, fixed, x, y).sum().backward()
+        if grad_clip is not None:
+            with torch.no_grad():
+                if count == 1:
+                    torch.nn.utils.clip_grad_norm_(ordered, grad_clip)
+                else:
+                    norms = torch.stack([p.grad.flatten(1).pow(2).sum(1)
+                                         for p in ordered]).sum(0)
+                    scale = (grad_clip / (norms.sqrt() + 1e-6)).clamp(max=1.0)
+                    for p in ordered:
+                        p.grad.mul_(scale.view(-1, *[1] * (p.ndim - 1)))
+        optimizer.step(lr=lr * tnn.cosine_schedule(step, steps, warmup))
+        unstack(step + 1)
+    for model in models:
+        model.eval()
+    return paths
+
+
 def evaluation_batch(sequences, context: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and next-token targets from the first ``context + 1`` tokens of each sequence."""
     tokens = tnn.as_token_tensor(sequences)
