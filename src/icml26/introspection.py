@@ -621,7 +621,7 @@ def _suffix_pass(lm, prefix: str, suffixes: Sequence[str], *, read_layer: int | 
         cache = lm.model.model(input_ids=prefix_ids, use_cache=True).cache
     cache.batch_repeat_interleave(n)
     if read_layer is not None:
-        (module,) = llm._stream_modules(lm, [read_layer])
+        (module,) = llm.stream_modules(lm, [read_layer])
 
         def read(_module, args):
             seen.append(args[0].detach()[:, -1])

@@ -19,7 +19,8 @@ dequantises it into a float32 PyTorch model; nothing is downloaded.
   ``n_layers`` is the output of the last block, before the final norm. :func:`capture` records
   it at any layers, :func:`hidden_states` returns it for a batch of prompts, and :func:`inject`
   adds a vector to it or replaces it (injection, steering) inside a ``with`` block that always
-  removes its hooks.
+  removes its hooks; :func:`stream_modules` gives the modules whose inputs are those layers, for
+  hooks of one's own.
 * **Unembedding.** :func:`unembedding` is the output matrix (tied to the embedding here) and
   :func:`logit_lens` reads any layer's residual stream through the final norm and it.
 """
@@ -329,7 +330,7 @@ def generate(lm: LanguageModel, prompts: str | Sequence[str],
 # --- Residual stream ------------------------------------------------------------------------
 
 
-def _stream_modules(lm: LanguageModel, layers: Sequence[int]) -> list[torch.nn.Module]:
+def stream_modules(lm: LanguageModel, layers: Sequence[int]) -> list[torch.nn.Module]:
     """The module whose input is layer ``l`` of the residual stream: block ``l``, or the final
     norm for ``l == n_layers``."""
     modules = [*lm.model.model.layers, lm.model.model.norm]
@@ -349,7 +350,7 @@ def capture(lm: LanguageModel, layers: Sequence[int]) -> Iterator[dict[int, list
     records: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
     handles = []
     try:
-        for layer, module in zip(layers, _stream_modules(lm, layers), strict=True):
+        for layer, module in zip(layers, stream_modules(lm, layers), strict=True):
             handles.append(module.register_forward_pre_hook(
                 lambda _m, args, layer=layer: records[layer].append(args[0].detach())))
         yield records
@@ -379,7 +380,7 @@ def inject(lm: LanguageModel, layer: int, vector: torch.Tensor, *,
     default; negative ones count from the end, which with left padding and a KV cache means the
     last prompt token, then each new token). ``vector`` is ``(d,)`` or ``(batch, d)``. The hook
     is removed on exit, also when the block raises."""
-    (module,) = _stream_modules(lm, [layer])
+    (module,) = stream_modules(lm, [layer])
     if not isinstance(vector, torch.Tensor):
         raise TypeError(f"vector must be a torch.Tensor, got {type(vector).__name__}")
     if vector.ndim not in (1, 2) or vector.shape[-1] != lm.d_model:
