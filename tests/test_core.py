@@ -89,6 +89,30 @@ def test_glue_number_rejects_non_numbers():
     assert glue_text("name", "1, 2") == "1, 2"
 
 
+@pytest.mark.parametrize("value", [0.123456, 3.0, "1, 2"])
+@pytest.mark.parametrize("display", [False, True])
+def test_glue_writes_the_output_myst_nb_glue_writes(monkeypatch, value, display):
+    """The book glues without importing myst-nb's glue module (seconds per kernel); the output
+    must stay what myst-nb's own ``glue`` writes, since its glue role reads it."""
+    import IPython.display
+    from myst_nb.ext import glue as myst_glue
+
+    shown = []
+
+    def record(*objects, **kwargs):
+        shown.append((objects, kwargs))
+
+    monkeypatch.setattr(IPython.display, "display", record)
+    monkeypatch.setattr(myst_glue, "ipy_display", record)
+    glue = glue_number if isinstance(value, float) else glue_text
+    glue("core_test_oracle", value, display=display)
+    myst_glue.glue("core_test_oracle", float(value) if isinstance(value, float) else value,
+                   display=display)
+    ours, theirs = shown
+    assert ours == theirs
+    assert ours[1]["metadata"]["scrapbook"]["name"] == "core_test_oracle"
+
+
 def test_glue_value_formats_what_was_glued_as_the_glue_role_would():
     glue_number("core_test_ratio", 0.123456)
     assert glue_value("core_test_ratio", ".3f") == "0.123"

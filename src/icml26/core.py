@@ -161,6 +161,23 @@ _GLUED: dict[str, float | str] = {}
 """Every value glued in this process, for :func:`glue_value`."""
 
 
+GLUE_PREFIX = "application/papermill.record/"
+"""Prefix of a glued value's MIME types, as myst-nb's glue role reads them."""
+
+
+def _glue(name: str, value: float | str, display: bool) -> None:
+    """The output ``myst_nb.glue`` writes, without importing it: its module pulls in nbformat and
+    jsonschema, whose URI grammar alone takes over a second to build in every chapter's kernel
+    (``tests/test_core.py`` checks that both write the same output)."""
+    from IPython.core.formatters import format_display_data
+    from IPython.display import display as show
+
+    bundle, metadata = format_display_data(value)
+    prefix = "" if display else GLUE_PREFIX
+    metadata["scrapbook"] = dict(name=name, mime_prefix=prefix)
+    show({prefix + mime: data for mime, data in bundle.items()}, raw=True, metadata=metadata)
+
+
 def _remember(name: str, value: float | str) -> None:
     """Keep a glued value for :func:`glue_value`, and make ``glue_value`` a name of the notebook's
     namespace, where JupyterLab evaluates the prose's inline expressions."""
@@ -192,10 +209,8 @@ def glue_number(name: str, value: float, display: bool = False) -> GluedNumber:
     Returns the number, which a cell's last line does not display again."""
     if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool):
         raise TypeError(f"glued value {name!r} must be a real number, got {type(value).__name__}")
-    from myst_nb import glue
-
     value = float(value)
-    glue(name, value, display=display)
+    _glue(name, value, display)
     _remember(name, value)
     return GluedNumber(value)
 
@@ -205,9 +220,7 @@ def glue_text(name: str, text: str, display: bool = False) -> GluedText:
     the text, which a cell's last line does not display again."""
     if not isinstance(text, str):
         raise TypeError(f"glued text {name!r} must be a string, got {type(text).__name__}")
-    from myst_nb import glue
-
-    glue(name, text, display=display)  # stored quoted; myst-nb's glue role strips the quotes
+    _glue(name, text, display)  # stored quoted; myst-nb's glue role strips the quotes
     _remember(name, text)
     return GluedText(text)
 
