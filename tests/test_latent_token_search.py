@@ -302,7 +302,10 @@ def test_token_beam_spends_its_cost_and_width_one_is_greedy(tokenizer, joint, sc
 
     plan = lts.token_beam(tokenizer, scenario.speed, cost_fn, joint, 3, 5, score=score,
                           rng=np.random.default_rng(0))
-    assert plan.evaluations == lts.topm_cost(6, 5, 3) == plan.trace[-1][0]
+    assert plan.evaluations == lts.topm_cost(6, 5, 3) == 5 * (1 + 5 * 3) == plan.trace[-1][0]
+    wide = lts.token_beam(tokenizer, scenario.speed, cost_fn, joint, 7, 2, score=score,
+                          rng=np.random.default_rng(0))  # wider than M: 2 + 4 + 8 + 14 + 14 + 14
+    assert wide.evaluations == lts.topm_cost(6, 2, 7) == 56
     assert plan.cost == pytest.approx(plan.trace[-1][1], rel=1e-5)
     if score == "mask":  # brute force: width 1 keeps the best of the top-M at each step
         greedy = lts.token_beam(tokenizer, scenario.speed, cost_fn, joint, 1, 4)
@@ -319,6 +322,17 @@ def test_token_beam_spends_its_cost_and_width_one_is_greedy(tokenizer, joint, sc
         lts.token_beam(tokenizer, scenario.speed, cost_fn, joint, 1, 4, score="complete")
     with pytest.raises(ValueError, match="width-1"):
         lts.topm_width_for(20, 6, 4)
+
+
+@pytest.mark.parametrize("n_tokens,top_m", [(1, 4), (8, 4), (8, 8), (8, 16), (3, 2)])
+def test_topm_width_for_is_the_widest_affordable_beam(n_tokens, top_m):
+    for budget in (64, 232, 464, 800):
+        if lts.topm_cost(n_tokens, top_m, 1) > budget:
+            continue
+        width = lts.topm_width_for(budget, n_tokens, top_m)
+        assert lts.topm_cost(n_tokens, top_m, width) <= budget
+        if n_tokens > 1 and width < top_m ** (n_tokens - 1):
+            assert lts.topm_cost(n_tokens, top_m, width + 1) > budget
 
 
 def test_cut_in_cost_and_success():
