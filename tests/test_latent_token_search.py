@@ -345,3 +345,19 @@ def test_cut_in_cost_and_success():
     # ending exactly at the target in the ego's lane, never closer than the radius
     ahead = torch.stack([10 * t + c.gap * t / t[-1], -lts.LANE * t / t[-1]], -1)[None]
     assert bool(c.success(ahead)[0])
+
+
+def test_placebo_cost_is_deterministic_standard_normal_and_unpredictable():
+    gen = torch.Generator().manual_seed(0)
+    plans = torch.randn(4000, lts.HORIZON, 2, generator=gen) * 10
+    cost = lts.placebo_cost(7)
+    log_j = torch.log(cost(plans))
+    assert torch.equal(cost(plans), cost(plans.clone()))  # the same plan, the same value
+    assert abs(float(log_j.mean())) < 0.1 and abs(float(log_j.std()) - 1) < 0.1
+    # plans a few centimetres apart, or another key, give unrelated values
+    near = torch.log(cost(plans + 0.03 * torch.randn(plans.shape, generator=gen)))
+    other = torch.log(lts.placebo_cost(8)(plans))
+    for values in (near, other):
+        assert abs(float(torch.corrcoef(torch.stack([log_j, values]))[0, 1])) < 0.1
+    with pytest.raises(ValueError):
+        lts.placebo_cost(-1)

@@ -937,6 +937,29 @@ def closed_loop(planner: Callable[[Scenario], Plan], speed: float, goal, obstacl
             "reached": reached, "success": reached and not collided}
 
 
+def placebo_cost(key: int, scale: float = 100.0) -> Callable[[Tensor], Tensor]:
+    """An objective that no prefix can predict: ``log J`` is a fresh standard normal per plan.
+
+    ``log J(x) = Phi^{-1}(frac(<W, x>))`` with ``W`` a ``(T, 2)`` Gaussian matrix of scale
+    ``scale`` per metre drawn from ``key``: plans that differ by a few centimetres get
+    independent values, and a masked decode says nothing about the value of any completion.
+    The same plan always gets the same value (the map is deterministic), and a new ``key`` gives
+    an independent objective. It is the falsification control of the search order: with no
+    information for the first tokens to reveal, searching coarse to fine cannot beat fine to
+    coarse.
+    """
+    key = _check_int(key, "key", low=0)
+    weights = torch.randn(HORIZON, 2, generator=torch.Generator().manual_seed(key),
+                          dtype=torch.float64) * scale
+
+    def cost(positions: Tensor) -> Tensor:
+        h = (positions.double() * weights).sum((-2, -1))
+        u = (h - torch.floor(h)).clamp(1e-9, 1 - 1e-9)
+        return torch.exp(torch.special.ndtri(u)).float()
+
+    return cost
+
+
 def make_scenarios(n: int, rng: np.random.Generator) -> list[Scenario]:
     """``n`` held-out planning problems: a stopped car blocks the ego lane, the goal is in the
     next lane (left or right) about one horizon ahead."""
