@@ -302,7 +302,10 @@ def test_token_beam_spends_its_cost_and_width_one_is_greedy(tokenizer, joint, sc
 
     plan = lts.token_beam(tokenizer, scenario.speed, cost_fn, joint, 3, 5, score=score,
                           rng=np.random.default_rng(0))
-    assert plan.evaluations == lts.topm_cost(6, 5, 3) == plan.trace[-1][0]
+    assert plan.evaluations == lts.topm_cost(6, 5, 3) == 5 * (1 + 5 * 3) == plan.trace[-1][0]
+    wide = lts.token_beam(tokenizer, scenario.speed, cost_fn, joint, 7, 2, score=score,
+                          rng=np.random.default_rng(0))  # wider than M: 2 + 4 + 8 + 14 + 14 + 14
+    assert wide.evaluations == lts.topm_cost(6, 2, 7) == 56
     assert plan.cost == pytest.approx(plan.trace[-1][1], rel=1e-5)
     if score == "mask":  # brute force: width 1 keeps the best of the top-M at each step
         greedy = lts.token_beam(tokenizer, scenario.speed, cost_fn, joint, 1, 4)
@@ -321,6 +324,17 @@ def test_token_beam_spends_its_cost_and_width_one_is_greedy(tokenizer, joint, sc
         lts.topm_width_for(20, 6, 4)
 
 
+@pytest.mark.parametrize("n_tokens,top_m", [(1, 4), (8, 4), (8, 8), (8, 16), (3, 2)])
+def test_topm_width_for_is_the_widest_affordable_beam(n_tokens, top_m):
+    for budget in (64, 232, 464, 800):
+        if lts.topm_cost(n_tokens, top_m, 1) > budget:
+            continue
+        width = lts.topm_width_for(budget, n_tokens, top_m)
+        assert lts.topm_cost(n_tokens, top_m, width) <= budget
+        if n_tokens > 1 and width < top_m ** (n_tokens - 1):
+            assert lts.topm_cost(n_tokens, top_m, width + 1) > budget
+
+
 def test_cut_in_cost_and_success():
     c = lts.CutIn(ego_speed=10.0, start=(0.0, lts.LANE), speed=10.0)
     t = torch.arange(1, lts.HORIZON + 1) * lts.DT
@@ -331,3 +345,19 @@ def test_cut_in_cost_and_success():
     # ending exactly at the target in the ego's lane, never closer than the radius
     ahead = torch.stack([10 * t + c.gap * t / t[-1], -lts.LANE * t / t[-1]], -1)[None]
     assert bool(c.success(ahead)[0])
+
+
+def test_placebo_cost_is_deterministic_standard_normal_and_unpredictable():
+    gen = torch.Generator().manual_seed(0)
+    plans = torch.randn(4000, lts.HORIZON, 2, generator=gen) * 10
+    cost = lts.placebo_cost(7)
+    log_j = torch.log(cost(plans))
+    assert torch.equal(cost(plans), cost(plans.clone()))  # the same plan, the same value
+    assert abs(float(log_j.mean())) < 0.1 and abs(float(log_j.std()) - 1) < 0.1
+    # plans a few centimetres apart, or another key, give unrelated values
+    near = torch.log(cost(plans + 0.03 * torch.randn(plans.shape, generator=gen)))
+    other = torch.log(lts.placebo_cost(8)(plans))
+    for values in (near, other):
+        assert abs(float(torch.corrcoef(torch.stack([log_j, values]))[0, 1])) < 0.1
+    with pytest.raises(ValueError):
+        lts.placebo_cost(-1)

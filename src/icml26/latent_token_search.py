@@ -734,20 +734,32 @@ def optimise_waypoints(scenario: Scenario, budget: int, generator: torch.Generat
 
 def topm_cost(n_tokens: int, top_m: int, width: int) -> int:
     """Decoder evaluations of a beam that expands the top ``M`` codes {eq}`eq-lts-costs`:
-    ``M (1 + (K - 1) B)`` (``M >= B``, so every step after the first has ``B`` prefixes)."""
-    return top_m * (1 + (n_tokens - 1) * width)
+    ``sum_k M min(B, M^k)`` over the steps ``k = 0..K-1`` (step ``k`` extends at most ``M^k``
+    prefixes), which is ``M (1 + (K - 1) B)`` when ``M >= B``."""
+    n_tokens, top_m = _check_int(n_tokens, "n_tokens"), _check_int(top_m, "top_m")
+    width = _check_int(width, "width")
+    return sum(top_m * min(width, top_m**k) for k in range(n_tokens))
 
 
 def topm_width_for(budget: int, n_tokens: int, top_m: int) -> int:
-    """The widest beam (at most ``top_m``) of :func:`topm_cost` within ``budget``."""
+    """The widest beam of :func:`topm_cost` within ``budget`` (no wider than the number of
+    prefixes the last step can have)."""
     budget, top_m = _check_int(budget, "budget"), _check_int(top_m, "top_m")
-    if n_tokens == 1:
-        return 1
-    width = min(top_m, (budget // top_m - 1) // (n_tokens - 1))
-    if width < 1:
+    n_tokens = _check_int(n_tokens, "n_tokens")
+    if topm_cost(n_tokens, top_m, 1) > budget:
         raise ValueError(f"budget {budget} cannot finish a width-1 beam expanding {top_m} codes "
                          f"({topm_cost(n_tokens, top_m, 1)} decodes)")
-    return width
+    if n_tokens == 1:
+        return 1
+    cap = top_m ** (n_tokens - 1)
+    low, high = 1, min(cap, budget)  # the largest affordable width, by bisection
+    while low < high:
+        mid = (low + high + 1) // 2
+        if topm_cost(n_tokens, top_m, mid) <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 @torch.no_grad()
@@ -762,7 +774,7 @@ def token_beam(tokenizer: Tokenizer, speed: float, cost_fn: Callable[[Tensor], T
     prior, and the best ``width`` are kept. ``score="mask"`` decodes the child with its unset
     tokens masked ({eq}`eq-lts-masked-decoder`); ``score="complete"`` decodes the child completed
     by a training tuple that shares it (:meth:`JointPrior.complete`, which needs ``rng``). The
-    search spends ``M (1 + (K - 1) B)`` decodes {eq}`eq-lts-costs`. ``trace`` holds, after each
+    search spends :func:`topm_cost` decodes {eq}`eq-lts-costs`. ``trace`` holds, after each
     step, the evaluations spent so far and the objective of the best child's decode.
     """
     width, top_m = _check_int(width, "width"), _check_int(top_m, "top_m")
@@ -923,6 +935,29 @@ def closed_loop(planner: Callable[[Scenario], Plan], speed: float, goal, obstacl
     reached = bool(np.linalg.norm(path[-1] - goal) < 2.0)
     return {"path": path, "agent": np.array(agent_path), "collided": collided,
             "reached": reached, "success": reached and not collided}
+
+
+def placebo_cost(key: int, scale: float = 100.0) -> Callable[[Tensor], Tensor]:
+    """An objective that no prefix can predict: ``log J`` is a fresh standard normal per plan.
+
+    ``log J(x) = Phi^{-1}(frac(<W, x>))`` with ``W`` a ``(T, 2)`` Gaussian matrix of scale
+    ``scale`` per metre drawn from ``key``: plans that differ by a few centimetres get
+    independent values, and a masked decode says nothing about the value of any completion.
+    The same plan always gets the same value (the map is deterministic), and a new ``key`` gives
+    an independent objective. It is the falsification control of the search order: with no
+    information for the first tokens to reveal, searching coarse to fine cannot beat fine to
+    coarse.
+    """
+    key = _check_int(key, "key", low=0)
+    weights = torch.randn(HORIZON, 2, generator=torch.Generator().manual_seed(key),
+                          dtype=torch.float64) * scale
+
+    def cost(positions: Tensor) -> Tensor:
+        h = (positions.double() * weights).sum((-2, -1))
+        u = (h - torch.floor(h)).clamp(1e-9, 1 - 1e-9)
+        return torch.exp(torch.special.ndtri(u)).float()
+
+    return cost
 
 
 def make_scenarios(n: int, rng: np.random.Generator) -> list[Scenario]:
