@@ -249,3 +249,61 @@ def test_eot_pgd_stays_in_ball_and_raises_the_view_averaged_loss(small_model):
         rita.eot_pgd(model, x, y, eps, n_views=1)
     with pytest.raises(ValueError):
         rita.eot_pgd(model, x, y, -eps)
+
+
+def test_cross_fit_splits_cover_every_item_once():
+    splits = rita.cross_fit_splits(101, 3, folds=2, n_val=10)
+    tests = torch.cat([te for _, _, te in splits])
+    assert sorted(tests.tolist()) == list(range(101))
+    for train, val, test in splits:
+        assert len(val) == 10
+        parts = [set(train.tolist()), set(val.tolist()), set(test.tolist())]
+        assert not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])
+        assert len(train) + len(val) + len(test) == 101
+    assert torch.equal(splits[0][2], rita.cross_fit_splits(101, 3, folds=2, n_val=10)[0][2])
+    with pytest.raises(ValueError):
+        rita.cross_fit_splits(10, 0, n_val=5)
+    with pytest.raises(ValueError):
+        rita.cross_fit_splits(10, 0, n_val=-1)
+
+
+def test_rtpt_reuses_tuned_logits_and_large_temperature_is_uniform(small_model):
+    model, x, _ = small_model
+    vb = rita.encode_views(model, rita.make_views(x[:6], 8,
+                                                  generator=torch.Generator().manual_seed(2)))
+    tuned = rita.rtpt_view_logits(model, vb)
+    assert torch.allclose(rita.rtpt(model, vb), rita.rtpt(model, vb, tuned=tuned))
+    w = rita.reliability_weights(vb.features, 3, 1e6)
+    assert torch.allclose(w, torch.full_like(w, 1 / 8), atol=1e-5)
+    # rita_distances is the OT reading at the tuned context
+    ctx = rita.tuned_context(model, vb)
+    d = rita.ot_distances(vb.features, model.text_features(ctx))
+    assert torch.allclose(d, rita.rita_distances(model, vb), atol=1e-6)
+
+
+def test_ot_pgd_stays_in_ball_and_raises_the_ot_margin(small_model):
+    model, x, y = small_model
+    eps = 0.1
+
+    def margin(images):
+        vb = rita.encode_views(model, rita.make_views(images, 16,
+                                                      generator=torch.Generator().manual_seed(9)))
+        return float(rita.ot_margin(rita.rita_distances(model, vb, n_iter=30), y).mean())
+
+    for through in (True, False):
+        adv = rita.ot_pgd(model, x, y, eps, n_views=4, steps=6, seed=1, through_step=through,
+                          n_iter=20)
+        assert float((adv - x).abs().max()) <= eps + 1e-6
+        assert float(adv.min()) >= 0 and float(adv.max()) <= 1
+        assert margin(adv) > margin(x)
+    assert torch.equal(rita.ot_pgd(model, x, y, 0.0, steps=2, n_views=2), x)
+    with pytest.raises(ValueError):
+        rita.ot_pgd(model, x, y, eps, n_views=1)
+    with pytest.raises(ValueError):
+        rita.ot_pgd(model, x, y[:3], eps)
+
+
+def test_ot_margin_sign():
+    d = torch.tensor([[0.1, 0.3, 0.2], [0.5, 0.2, 0.4]])
+    y = torch.tensor([0, 0])
+    assert torch.allclose(rita.ot_margin(d, y), torch.tensor([-0.1, 0.3]))

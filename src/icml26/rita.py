@@ -6,8 +6,9 @@ Pieces, in the order the chapter derives them:
   the frozen all-MiniLM-L6-v2, a trainable projection and ``M`` learnable context vectors
   (:class:`MiniCLIP`, zero-shot logits ``eq-rita-zeroshot``);
 * test-time views (:func:`make_views`), an L-infinity PGD attack on the un-adapted model
-  (:func:`pgd`, ``eq-rita-pgd``) and an adaptive one through the views (:func:`eot_pgd`,
-  ``eq-rita-eotpgd``);
+  (:func:`pgd`, ``eq-rita-pgd``) and two adaptive ones through the views: on the averaged
+  prediction (:func:`eot_pgd`, ``eq-rita-eotpgd``) and on RITA's OT margin after its prompt step
+  (:func:`ot_pgd`, ``eq-rita-otpgd``);
 * a batched log-domain Sinkhorn solver (:func:`sinkhorn`, ``eq-rita-eot``) and the per-class OT
   distance between the views and the class's prompts (:func:`ot_distances`, ``eq-rita-dot``);
 * the methods: zero-shot, TPT (``eq-rita-tpt``), R-TPT's reliability-weighted ensemble
@@ -89,6 +90,37 @@ def load_digit_split(n_train: int, n_test: int, seed: int):
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
     tr, te = order[:n_train], order[n_train:n_train + n_test]
     return images[tr], labels[tr], images[te], labels[te]
+
+
+def load_digits_tensors():
+    """All 1,797 ``load_digits`` images scaled to [0, 1], ``(1797, 1, 8, 8)``, and their labels."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    images = torch.tensor(data.images / 16.0, dtype=torch.float32).unsqueeze(1)
+    return images, torch.tensor(data.target, dtype=torch.long)
+
+
+def cross_fit_splits(n: int, seed: int, *, folds: int = 2, n_val: int = 0):
+    """Cross-fitting of ``n`` items: a random permutation (``seed``) cut into ``folds`` parts.
+
+    Returns one ``(train, validation, test)`` triple of index tensors per fold: the fold's part is
+    the test set, the first ``n_val`` of the other parts are the validation set and the rest the
+    training set. Every item is a test item exactly once.
+    """
+    n = _check_count(n, "n", 2)
+    folds = _check_count(folds, "folds", 2)
+    if isinstance(n_val, bool) or not isinstance(n_val, (int, np.integer)) or n_val < 0:
+        raise ValueError(f"n_val must be a non-negative integer, got {n_val}")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    parts = torch.tensor_split(order, folds)
+    if n_val >= n - max(len(p) for p in parts):
+        raise ValueError("n_val leaves no training items")
+    out = []
+    for f in range(folds):
+        rest = torch.cat([parts[j] for j in range(folds) if j != f])
+        out.append((rest[n_val:], rest[:n_val], parts[f]))
+    return out
 
 
 def prompt_sentences() -> list[list[str]]:
@@ -309,6 +341,52 @@ def eot_pgd(model, x: torch.Tensor, y: torch.Tensor, epsilon: float, *, n_views:
     return x_adv.detach()
 
 
+def ot_margin(d: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """OT margin ``d_y - min_{k != y} d_k`` per image (positive: the OT reading is wrong)."""
+    true = d.gather(1, y[:, None])[:, 0]
+    other = d.scatter(1, y[:, None], float("inf")).min(1).values
+    return true - other
+
+
+def ot_pgd(model, x: torch.Tensor, y: torch.Tensor, epsilon: float, *, n_views: int = 16,
+           steps: int = 50, alpha: float | None = None, seed: int = 0,
+           through_step: bool = True, lr: float = 5e-3, reg: float = 0.05,
+           n_iter: int = 30) -> torch.Tensor:
+    """An adaptive L-infinity PGD on RITA's own prediction (``eq-rita-otpgd``).
+
+    Each step draws ``n_views`` fresh views of the iterate, encodes them with the gradient kept,
+    and ascends the OT margin :func:`ot_margin` of the distances ``eq-rita-dot``. With
+    ``through_step`` the distances use the prompts after RITA's step on these views
+    (:func:`rita_distances`), recomputed at every iterate; the step itself is held fixed on the
+    backward pass, because its exact Jacobian vanishes almost everywhere (the first AdamW step is
+    ``-lr * g / (|g| + eps)``, constant in ``g`` away from zero): a BPDA of the sign-like step.
+    Without it, the trained prompts (the un-adapted OT reading).
+    """
+    check_images(x)
+    epsilon = check_epsilon(epsilon)
+    steps = _check_count(steps, "steps")
+    n_views = _check_count(n_views, "n_views", 2)
+    alpha = epsilon / 4 if alpha is None else check_epsilon(alpha)
+    if not isinstance(y, torch.Tensor) or y.shape != (x.shape[0],):
+        raise ValueError("labels must be a tensor of shape (B,)")
+    gen = torch.Generator().manual_seed(seed)
+    x_adv = x.detach().clone()
+    for _ in range(steps):
+        x_adv.requires_grad_(True)
+        z = model.image_features(make_views(x_adv, n_views, generator=gen))
+        if through_step:
+            ctx = tuned_context(model, ViewBatch(z.detach()), lr=lr, reg=reg, n_iter=n_iter)
+            text = model.text_features(ctx)
+        else:
+            text = model.text_features()
+        loss = ot_margin(ot_distances(z, text, reg, n_iter), y).sum()
+        (grad,) = torch.autograd.grad(loss, x_adv)
+        with torch.no_grad():
+            x_adv = x_adv + alpha * grad.sign()
+            x_adv = torch.minimum(torch.maximum(x_adv, x - epsilon), x + epsilon).clamp(0, 1)
+    return x_adv.detach()
+
+
 def fgsm(model, x: torch.Tensor, y: torch.Tensor, epsilon: float) -> torch.Tensor:
     """The fast gradient sign method: ``clip(x + epsilon * sign(grad))``."""
     check_images(x)
@@ -488,40 +566,56 @@ def reliability_weights(z: torch.Tensor, neighbours: int, temperature: float = 0
     return (score / temperature).softmax(-1)
 
 
-def rtpt(model: MiniCLIP, vb: ViewBatch, *, fraction: float = 0.1, lr: float = 5e-3,
-         neighbours: int = 10, temperature: float = 0.01):
-    """R-TPT: one step on the mean per-view entropy of the confident views, then the
-    reliability-weighted average of the tuned logits of all views, ``(B, K)``."""
+def rtpt_view_logits(model: MiniCLIP, vb: ViewBatch, *, fraction: float = 0.1,
+                     lr: float = 5e-3) -> torch.Tensor:
+    """R-TPT's step on the mean per-view entropy of the confident views; the tuned logits of
+    every view, ``(B, N, K)``."""
     z = vb.features
     ctx = _fresh_context(model, z.shape[0])
     logits = _logits(model, z, model.text_features(ctx))
     idx = confident_indices(logits.detach(), fraction)
     loss = entropy(_gather_views(logits, idx)).mean(1).sum()
     ctx = _step(ctx, loss, lr)
-    w = reliability_weights(z, neighbours, temperature)
     with torch.no_grad():
-        tuned = _logits(model, z, model.text_features(ctx))
+        return _logits(model, z, model.text_features(ctx))
+
+
+def rtpt(model: MiniCLIP, vb: ViewBatch, *, fraction: float = 0.1, lr: float = 5e-3,
+         neighbours: int = 10, temperature: float = 0.01, tuned: torch.Tensor | None = None):
+    """R-TPT (``eq-rita-rtpt``): one step on the mean per-view entropy of the confident views,
+    then the reliability-weighted average of the tuned logits of all views, ``(B, K)``.
+    ``tuned`` reuses the output of :func:`rtpt_view_logits` (to try several temperatures)."""
+    if tuned is None:
+        tuned = rtpt_view_logits(model, vb, fraction=fraction, lr=lr)
+    w = reliability_weights(vb.features, neighbours, temperature)
     return (w.unsqueeze(-1) * tuned).sum(1)
 
 
-def rita_distances(model: MiniCLIP, vb: ViewBatch, *, lr: float = 5e-3, reg: float = 0.05,
-                   n_iter: int = 60, steps: int = 1) -> torch.Tensor:
-    """RITA without cache: ``steps`` AdamW steps on ``min_k d_OT(P_t, Q_k)`` (our reconstruction
-    of the prompt objective), then the OT distances ``(B, K)`` with the tuned prompts
-    (``eq-rita-predict``: predict the argmin). ``steps=0`` gives the untuned distances. Each
-    step restarts AdamW's moments (:func:`adamw_first_step`); the chapter uses one step, as the
-    paper does."""
-    z = vb.features
+def tuned_context(model: MiniCLIP, vb: ViewBatch, *, lr: float = 5e-3, reg: float = 0.05,
+                  n_iter: int = 60, steps: int = 1) -> torch.Tensor:
+    """RITA's prompt step: ``steps`` AdamW steps on ``min_k d_OT(P_t, Q_k)`` (our reconstruction
+    of the prompt objective, ``eq-rita-predict``), one context per image, ``(B, M, E)``. Each step
+    restarts AdamW's moments (:func:`adamw_first_step`)."""
+    z = vb.features.detach()
     ctx = _fresh_context(model, z.shape[0])
     for _ in range(steps):
         d = ot_distances(z, model.text_features(ctx), reg, n_iter)
         ctx = _step(ctx, d.min(-1).values.sum(), lr).requires_grad_(True)
+    return ctx.detach()
+
+
+def rita_distances(model: MiniCLIP, vb: ViewBatch, *, lr: float = 5e-3, reg: float = 0.05,
+                   n_iter: int = 60, steps: int = 1) -> torch.Tensor:
+    """RITA without cache: the OT distances ``(B, K)`` with the prompts of :func:`tuned_context`
+    (``eq-rita-predict``: predict the argmin). ``steps=0`` gives the untuned distances; the
+    chapter uses one step, as the paper does."""
+    ctx = tuned_context(model, vb, lr=lr, reg=reg, n_iter=n_iter, steps=steps)
     with torch.no_grad():
-        return ot_distances(z, model.text_features(ctx.detach()), reg, n_iter)
+        return ot_distances(vb.features, model.text_features(ctx), reg, n_iter)
 
 
 def view_diagnostics(model: MiniCLIP, vb: ViewBatch, *, fraction: float = 0.1,
-                     reg: float = 0.05) -> dict[str, torch.Tensor]:
+                     reg: float = 0.05, n_iter: int = 60) -> dict[str, torch.Tensor]:
     """Predicted classes ``(B,)`` of four unadapted readings of the views: the test image alone,
     the mean probability of the most confident views, of all views, and the OT distances."""
     with torch.no_grad():
@@ -532,7 +626,7 @@ def view_diagnostics(model: MiniCLIP, vb: ViewBatch, *, fraction: float = 0.1,
             "original view": logits[:, 0].argmax(-1),
             "confident views": _gather_views(logits, idx).softmax(-1).mean(1).argmax(-1),
             "all views": logits.softmax(-1).mean(1).argmax(-1),
-            "OT views": ot_distances(vb.features, text, reg).argmin(-1),
+            "OT views": ot_distances(vb.features, text, reg, n_iter).argmin(-1),
         }
 
 

@@ -7,6 +7,7 @@ from icml26 import rita
 OK_FORMAT = False
 name = "rita-ex-eot"
 points = 3
+forbid = ("icml26.rita.ot_pgd",)  # the exercise asks for one's own attack
 
 
 def test_ot_pgd_stays_in_ball_and_raises_the_ot_margin(ot_pgd):
