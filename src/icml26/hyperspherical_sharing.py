@@ -650,8 +650,8 @@ def train(method: str, gains, *, n_seeds: int = 4, seed: int = 0, updates: int =
     same learning rates. ``lr`` is one number or one per seed (:class:`SeedAdam`, so a learning
     rate grid trains as one batch). ``sphere_lr`` is the Riemannian Adam rate of sphere rows
     (``lr`` scaled by the square root of the fan-in when ``None``: geoopt normalises the second
-    moment per row, so this matches the length of an elementwise Adam step on a row). ``angles``, ``obs_dim`` and
-    ``distractors`` configure :class:`GainReach`.
+    moment per row, so this matches the length of an elementwise Adam step on a row).
+    ``angles``, ``obs_dim`` and ``distractors`` configure :class:`GainReach`.
     """
     import time
 
