@@ -65,7 +65,7 @@ def test_radial_part_is_the_scale_gradient_weight_norm():
 def test_scaled_modes_start_as_the_same_function_and_nops_matches_separate_nets():
     obs = torch.randn(2, 4, 10, 2, generator=torch.Generator().manual_seed(3))
     ref = hs.AgentPolicy("fups", 4, n_seeds=2, hidden=16, seed=5)(obs)
-    for method in ("hps", "scale_only", "sphere_only"):
+    for method in ("hps", "scale_only", "sphere_only", "hps_adam", "mask", "hyper", "film_id"):
         torch.testing.assert_close(hs.AgentPolicy(method, 4, n_seeds=2, hidden=16, seed=5)(obs),
                                    ref, atol=1e-5, rtol=1e-5)
     nops = hs.AgentPolicy("nops", 4, n_seeds=2, hidden=16, seed=5)
@@ -89,6 +89,13 @@ def test_parameter_counts_by_formula():
     assert hs.AgentPolicy("fups_id", n, hidden=hidden).parameter_count() == base + n * hidden
     assert hs.AgentPolicy("hps", n, hidden=hidden).parameter_count() == base + n * outs
     assert hs.AgentPolicy("sphere_only", n, hidden=hidden).parameter_count() == base + outs
+    assert hs.AgentPolicy("hps_adam", n, hidden=hidden).parameter_count() == base + n * outs
+    assert hs.AgentPolicy("mask", n, hidden=hidden).parameter_count() == base + n * sum(
+        i * o for i, o in layers)
+    assert hs.AgentPolicy("film_id", n, hidden=hidden).parameter_count() == base + 2 * n * (
+        2 * hidden)
+    assert hs.AgentPolicy("hyper", n, hidden=hidden).parameter_count() == base + n * (
+        hs.HYPER_EMBED) + hs.HYPER_EMBED * (hidden + 1) * 2
 
 
 def test_seeds_in_one_batch_train_independently():
@@ -200,7 +207,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="positive"):
         hs.GainReach([1.0, -2.0])
     with pytest.raises(ValueError, match="unknown method"):
-        hs.AgentPolicy("mask", 2)
+        hs.AgentPolicy("kaleidoscope", 2)
     policy = hs.AgentPolicy("hps", 2, n_seeds=1, hidden=4)
     with pytest.raises(ValueError, match="observation width"):
         policy(torch.zeros(1, 2, 5, 3))
@@ -229,3 +236,124 @@ def test_precomputed_weights_give_the_same_actions():
                                    atol=0, rtol=0)
         with pytest.raises(ValueError, match="weight tensors"):
             policy(obs, policy.effective_weights()[:1])
+
+
+def test_seed_adam_equals_torch_adam_and_geoopt_riemannian_adam():
+    obs = torch.randn(3, 4, 10, 2, generator=torch.Generator().manual_seed(8))
+    for method in ("hps", "fups", "film_id"):
+        ours = hs.AgentPolicy(method, 4, n_seeds=3, hidden=8, seed=1)
+        ref = hs.AgentPolicy(method, 4, n_seeds=3, hidden=8, seed=1)
+        opt = hs.SeedAdam(ours, 0.01)
+        refs = [torch.optim.Adam(ref.euclid_params, lr=0.01)] + [
+            geoopt.optim.RiemannianAdam([p], lr=0.01 * math.sqrt(p.shape[-1]))
+            for p in ref.sphere_params]
+        for _ in range(5):
+            for policy, opts in ((ours, [opt]), (ref, refs)):
+                for o in opts:
+                    o.zero_grad()
+                policy(obs).pow(2).sum().backward()
+                for o in opts:
+                    o.step()
+        for a, b in zip(ours.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_seed_adam_per_seed_rates_match_separate_runs():
+    """A two-seed run with rates (a, b) equals seed-by-seed runs at a and at b."""
+    obs = torch.randn(2, 3, 6, 2, generator=torch.Generator().manual_seed(9))
+    both = hs.AgentPolicy("hps", 3, n_seeds=2, hidden=8, seed=2)
+    singles = [hs.AgentPolicy("hps", 3, n_seeds=2, hidden=8, seed=2) for _ in range(2)]
+    opts = [hs.SeedAdam(both, [0.01, 0.05])] + [
+        hs.SeedAdam(p, lr) for p, lr in zip(singles, (0.01, 0.05), strict=True)]
+    for _ in range(4):
+        for policy, opt in zip([both, *singles], opts, strict=True):
+            opt.zero_grad()
+            policy(obs).pow(2).sum().backward()
+            opt.step()
+    for s, single in enumerate(singles):
+        for a, b in zip(both.parameters(), single.parameters(), strict=True):
+            torch.testing.assert_close(a[s], b[s], atol=1e-6, rtol=1e-5)
+
+
+def test_hps_adam_rows_stay_on_the_sphere_and_gradients_are_tangential():
+    policy = hs.AgentPolicy("hps_adam", 3, n_seeds=2, hidden=8, seed=0)
+    obs = torch.randn(2, 3, 6, 2, generator=torch.Generator().manual_seed(10))
+    policy(obs).pow(2).sum().backward()
+    for p in policy.unit_params:
+        torch.testing.assert_close((p.grad * p.detach()).sum(-1), torch.zeros(p.shape[:-1]),
+                                   atol=1e-5, rtol=0)
+    opt = hs.SeedAdam(policy, 0.05)
+    opt.step()
+    policy.renormalise()
+    for p in policy.unit_params:
+        torch.testing.assert_close(torch.linalg.vector_norm(p.detach(), dim=-1),
+                                   torch.ones(p.shape[:-1]), atol=1e-6, rtol=0)
+
+
+def test_rotation_and_embedding_variants_keep_the_oracle():
+    for name in hs.VARIANTS:
+        task = hs.variant(name, 4, gains=hs.CONFLICT_GAINS)
+        env = hs.GainReach(task["gains"], angles=task["angles"], obs_dim=16, distractors=8)
+        gen = torch.Generator().manual_seed(11)
+        obs = env.reset(2, 20, gen)
+        assert obs.shape == (2, 4, 20, 16)
+        # the signal part is an isometric image of goal - pos
+        torch.testing.assert_close(torch.linalg.vector_norm(obs[..., :8], dim=-1),
+                                   env.distances(), atol=1e-5, rtol=1e-5)
+        for _ in range(env.horizon):
+            _, reward, _ = env.step(env.oracle_actions())
+        assert float(reward.abs().max()) < 1e-5
+    rot = hs.variant("rotation", 4)
+    assert rot["gains"] == (1.0,) * 4 and len(rot["angles"]) == 4
+    # a rotated agent moved by the unrotated action ends up elsewhere
+    env = hs.GainReach((1.0,), angles=(math.pi / 2,))
+    env.reset(1, 1, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(env.moves(torch.tensor([[[[1.0, 0.0]]]])),
+                               torch.tensor([[[[0.0, 1.0]]]]), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="angles"):
+        hs.GainReach((1.0, 1.0), angles=(0.0,))
+    with pytest.raises(ValueError, match="signal"):
+        hs.GainReach((1.0,), obs_dim=3, distractors=2)
+    with pytest.raises(ValueError, match="variant"):
+        hs.variant("other")
+
+
+def test_split_half_agreement_against_loops():
+    gen = torch.Generator().manual_seed(12)
+    weights = [torch.randn(2, 3, 4, generator=gen), torch.randn(2, 2, 3, generator=gen)]
+    first = [torch.randn(3, 2, 3, 4, generator=gen), torch.randn(3, 2, 2, 3, generator=gen)]
+    second = [torch.randn(3, 2, 3, 4, generator=gen), torch.randn(3, 2, 2, 3, generator=gen)]
+    stats = hs.split_half_agreement(weights, first, second)
+
+    def parts(grads, k, s):
+        rads, tans = [], []
+        for w, g in zip(weights, grads, strict=True):
+            for j in range(w.shape[1]):
+                u = w[s, j] / w[s, j].norm()
+                r = float(u @ g[k, s, j])
+                rads.append(r)
+                tans.append(g[k, s, j] - r * u)
+        return torch.tensor(rads), torch.cat(tans)
+
+    cos = torch.nn.functional.cosine_similarity
+    for s in range(2):
+        a = [parts(first, k, s) for k in range(3)]
+        b = [parts(second, k, s) for k in range(3)]
+        for i, name in ((1, "tan"), (0, "rad")):
+            between = np.mean([float(cos(a[k][i], b[m][i], dim=0))
+                               for k in range(3) for m in range(3) if k != m])
+            within = np.mean([float(cos(a[k][i], b[k][i], dim=0)) for k in range(3)])
+            assert abs(getattr(stats, f"{name}_between")[s] - between) < 1e-5
+            assert abs(getattr(stats, f"{name}_within")[s] - within) < 1e-5
+    same = hs.split_half_agreement(weights, first, first)
+    np.testing.assert_allclose(same.tan_within, 1, atol=1e-5)
+
+
+def test_calibrated_ggda_and_select_lr_run():
+    out = hs.calibrated_ggda(hs.CONFLICT_GAINS, n_seeds=2, checkpoints=(0, 2), batch=16,
+                             ggda_batch=64, hidden=8)
+    assert set(out) == {0, 2} and out[2].tan.shape == (2,)
+    lr, means = hs.select_lr("hps", (1.0, 2.0), (1e-3, 1e-2), n_seeds=1, updates=3, batch=8,
+                             hidden=4, eval_every=3, eval_batch=8)
+    assert lr in (1e-3, 1e-2) and means.shape == (2,)
+    assert hs.select_lr("hps", (1.0, 2.0), (3e-3,))[0] == 3e-3

@@ -29,19 +29,27 @@ import numpy as np
 import torch
 from torch import nn
 
-METHODS = ("nops", "fups", "fups_id", "hps", "scale_only", "sphere_only")
-"""Sharing modes: no sharing, full sharing, full sharing + agent ID, HPS and its two ablations."""
+METHODS = ("nops", "fups", "fups_id", "hps", "scale_only", "sphere_only", "hps_adam", "mask",
+           "hyper", "film_id")
+"""Sharing modes: no sharing, full sharing, full sharing + agent ID, HPS, its two ablations, HPS
+with the sphere kept by elementwise Adam, and three agent-conditioned baselines (learned masks,
+a hypernetwork output layer, FiLM)."""
 
 LABELS = {"nops": "NoPS", "fups": "FuPS", "fups_id": "FuPS+ID", "hps": "HPS",
-          "scale_only": "scale-only", "sphere_only": "sphere-only"}
+          "scale_only": "scale-only", "sphere_only": "sphere-only", "hps_adam": "HPS-Adam",
+          "mask": "mask", "hyper": "hyper-out", "film_id": "FiLM-ID"}
 """Display names of :data:`METHODS`."""
+
+VARIANTS = ("conflict", "control", "rotation", "mixed")
+"""Heterogeneity of :func:`variant`: gains, none, rotations, or both."""
 
 CONFLICT_GAINS = (0.25, 0.5, 2.0, 4.0)
 """Hidden actuator gains of the conflict variant: the right action scales differ by 16x."""
 
-_SPHERE = {"hps", "sphere_only"}
-_AGENT_SCALES = {"hps", "scale_only"}
-_SCALED = {"hps", "scale_only", "sphere_only"}
+_SPHERE = {"hps", "sphere_only"}              # rows on the sphere, geoopt's Riemannian Adam
+_UNIT_ROWS = {"hps", "sphere_only", "hps_adam"}  # rows kept at unit length
+_AGENT_SCALES = {"hps", "scale_only", "hps_adam"}
+_SCALED = {"hps", "scale_only", "sphere_only", "hps_adam"}
 
 
 # --- small checks -----------------------------------------------------------------------------
@@ -87,54 +95,126 @@ def variant_gains(variant: str, n_agents: int = 4, spread: float = 16.0) -> tupl
     return tuple(float(spread ** e) for e in exps)
 
 
+def variant(name: str, n_agents: int = 4, spread: float = 16.0,
+            max_angle: float = 0.75 * math.pi, gains=None) -> dict:
+    """Keyword arguments of :class:`GainReach` for one heterogeneity variant (:data:`VARIANTS`).
+
+    ``conflict``: geometric gains (max/min = ``spread``), no rotation; ``control``: equal gains;
+    ``rotation``: equal gains and actuator rotations evenly spread over
+    ``[-max_angle, max_angle]`` (the falsification control: agents need different *directions* at
+    the same scale); ``mixed``: both. ``gains`` replaces the geometric gains of ``conflict`` and
+    ``mixed`` (e.g. :data:`CONFLICT_GAINS`).
+    """
+    if name not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {name!r}")
+    n_agents = _check_int(n_agents, "n_agents", 1)
+    spread_gains = name in ("conflict", "mixed")
+    if spread_gains and gains is not None:
+        gains = tuple(float(g) for g in check_gains(gains))
+        if len(gains) != n_agents:
+            raise ValueError(f"need {n_agents} gains, got {len(gains)}")
+    else:
+        gains = variant_gains("conflict" if spread_gains else "control", n_agents, spread)
+    angles = None
+    if name in ("rotation", "mixed"):
+        angles = tuple(float(a) for a in np.linspace(-max_angle, max_angle, n_agents))
+    return {"gains": gains, "angles": angles}
+
+
 # --- environment ------------------------------------------------------------------------------
 
 
 class GainReach:
-    """Cooperative reaching with hidden actuator gains, vectorised over seeds and episodes.
+    """Cooperative reaching with hidden actuator gains and rotations, vectorised.
 
     State: positions and goals of ``N`` agents in the plane, drawn uniformly from ``[-1, 1]^2``.
-    Agent ``k`` observes ``goal_k - pos_k`` and moves by ``gain_k * action_k``; every agent gets
-    the team reward ``-(1/N) sum_k ||goal_k - pos_k||`` after the move. The oracle plays
-    ``(goal - pos) / gain`` (eq-hps-oracle) and earns 0; the zero policy earns
-    ``-T`` times the mean initial distance. Tensors are shaped ``(S, N, B, ...)``: seeds, agents,
-    episodes.
+    Agent ``k`` observes ``goal_k - pos_k`` and moves by ``gain_k * R_k action_k`` (``R_k`` the
+    rotation by ``angles[k]``, the identity when ``angles`` is ``None``); every agent gets the team
+    reward ``-(1/N) sum_k ||goal_k - pos_k||`` after the move. The oracle plays
+    ``R_k^T (goal - pos) / gain`` (eq-hps-oracle) and earns 0; the zero policy earns ``-T`` times
+    the mean initial distance. Tensors are shaped ``(S, N, B, ...)``: seeds, agents, episodes.
+
+    With ``obs_dim > 2`` the observation is ``Q (goal - pos)`` for a fixed random matrix ``Q``
+    with orthonormal columns (``obs_dim - distractors`` rows, drawn from ``embed_seed``),
+    followed by ``distractors`` coordinates of fresh uniform noise at every step.
     """
 
-    obs_dim = 2
     act_dim = 2
 
-    def __init__(self, gains, horizon: int = 8):
+    def __init__(self, gains, horizon: int = 8, angles=None, obs_dim: int = 2,
+                 distractors: int = 0, embed_seed: int = 0):
         self.gains = check_gains(gains).float()
         self.n_agents = self.gains.numel()
         self.horizon = _check_int(horizon, "horizon", 1)
+        self.obs_dim = _check_int(obs_dim, "obs_dim", 2)
+        self.distractors = _check_int(distractors, "distractors", 0)
+        if self.obs_dim - self.distractors < 2:
+            raise ValueError(f"need at least two signal dimensions: obs_dim={obs_dim}, "
+                             f"distractors={distractors}")
+        if angles is None:
+            self.rot = None
+        else:
+            angles = torch.as_tensor(angles, dtype=torch.float32).reshape(-1)
+            if angles.numel() != self.n_agents or not torch.isfinite(angles).all():
+                raise ValueError(f"need {self.n_agents} finite angles, got {angles.tolist()}")
+            c, s = torch.cos(angles), torch.sin(angles)
+            self.rot = torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)
+        signal = self.obs_dim - self.distractors
+        if signal == 2:
+            self.embed = None
+        else:
+            gen = torch.Generator().manual_seed(int(embed_seed))
+            q, _ = torch.linalg.qr(torch.randn(signal, 2, generator=gen))
+            self.embed = q                                           # (signal, 2)
+        self._noise_gen = None
+
+    def _observe(self) -> torch.Tensor:
+        delta = self.goal - self.pos
+        if self.embed is None and self.distractors == 0:
+            return delta
+        obs = delta if self.embed is None else delta @ self.embed.T
+        if self.distractors:
+            noise = 2 * torch.rand((*delta.shape[:-1], self.distractors),
+                                   generator=self._noise_gen) - 1
+            obs = torch.cat([obs, noise], dim=-1)
+        return obs
 
     def reset(self, n_seeds: int, batch: int, generator: torch.Generator) -> torch.Tensor:
-        """Draw ``batch`` episodes per seed; return the observations, shape ``(S, N, B, 2)``."""
+        """Draw ``batch`` episodes per seed; return observations ``(S, N, B, obs_dim)``."""
         shape = (_check_int(n_seeds, "n_seeds", 1), self.n_agents,
                  _check_int(batch, "batch", 1), 2)
         self.pos = 2 * torch.rand(shape, generator=generator) - 1
         self.goal = 2 * torch.rand(shape, generator=generator) - 1
+        self._noise_gen = generator
         self.t = 0
-        return self.goal - self.pos
+        return self._observe()
 
     def distances(self) -> torch.Tensor:
         """Distance of each agent to its goal, shape ``(S, N, B)``."""
         return torch.linalg.vector_norm(self.goal - self.pos, dim=-1)
+
+    def moves(self, actions: torch.Tensor) -> torch.Tensor:
+        """Displacements ``gain_k R_k a_k`` of actions ``(S, N, B, 2)``."""
+        if self.rot is not None:
+            actions = torch.einsum("nij,snbj->snbi", self.rot, actions)
+        return self.gains.view(1, -1, 1, 1) * actions
 
     def step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """Apply ``actions`` ``(S, N, B, 2)``; return observations, team reward ``(S, B)``, done."""
         if actions.shape != self.pos.shape:
             raise ValueError(f"actions must have shape {tuple(self.pos.shape)}, "
                              f"got {tuple(actions.shape)}")
-        self.pos = self.pos + self.gains.view(1, -1, 1, 1) * actions
+        self.pos = self.pos + self.moves(actions)
         self.t += 1
         reward = -self.distances().mean(dim=1)
-        return self.goal - self.pos, reward, self.t >= self.horizon
+        return self._observe(), reward, self.t >= self.horizon
 
     def oracle_actions(self) -> torch.Tensor:
-        """The optimal actions ``(goal - pos) / gain`` of eq-hps-oracle."""
-        return (self.goal - self.pos) / self.gains.view(1, -1, 1, 1)
+        """The optimal actions ``R_k^T (goal - pos) / gain_k`` of eq-hps-oracle."""
+        delta = (self.goal - self.pos) / self.gains.view(1, -1, 1, 1)
+        if self.rot is not None:
+            delta = torch.einsum("nji,snbj->snbi", self.rot, delta)
+        return delta
 
 
 def _pettingzoo_base():
@@ -259,13 +339,21 @@ def pairwise_cosines(vectors: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
 class _Layer:
     weight: torch.Tensor          # (S, N or 1, out, in): Euclidean weights or sphere rows
     bias: torch.Tensor            # (S, N or 1, out)
-    log_scale: torch.Tensor | None  # (S, N or 1, out) or None
+    log_scale: torch.Tensor | None = None  # (S, N or 1, out): agent (or shared) row scales
+    mask: torch.Tensor | None = None       # (S, N, out, in): mask logits, W_k = 2 sigmoid(m) W
+    film: tuple | None = None              # (gamma, beta), each (S, N, out)
+    hyper: tuple | None = None             # (embedding (S, N, e), generator (S, 1, out*(in+1), e))
+
+
+HYPER_EMBED = 8
+"""Width of the agent embedding that feeds the hypernetwork output layer (``hyper``)."""
 
 
 class AgentPolicy(nn.Module):
     """Gaussian policy for ``N`` agents and ``S`` independent seeds in one sharing ``method``.
 
-    Layer ``l`` of agent ``k`` computes ``h_out = act(W_k h_in + b)``; the modes differ in ``W_k``:
+    Layer ``l`` of agent ``k`` computes ``h_out = act(W_k h_in + b_k)``; the modes differ in
+    ``W_k`` and ``b_k``:
 
     * ``nops``: ``W_k`` and ``b_k`` separate for each agent;
     * ``fups``: one ``W`` for all; ``fups_id``: the same, with a one-hot agent ID appended to the
@@ -273,13 +361,22 @@ class AgentPolicy(nn.Module):
     * ``hps``: ``W_k = diag(s_k) U`` with ``U``'s rows on the unit sphere (eq-hps-layer) and
       agent scales ``s_k = exp(log_s_k)`` (the scale generator: one embedding per agent);
     * ``scale_only``: ``W_k = diag(s_k) W`` with Euclidean shared ``W``;
-    * ``sphere_only``: ``W = diag(s) U``, sphere rows with one scale vector for all agents.
+    * ``sphere_only``: ``W = diag(s) U``, sphere rows with one scale vector for all agents;
+    * ``hps_adam``: HPS's function, but ``U`` is a plain parameter trained by elementwise Adam on
+      the tangential gradient and renormalised after each step (the optimiser of ``scale_only``);
+    * ``mask``: ``W_k = 2 sigmoid(M_k) * W`` with learned per-agent, per-weight mask logits
+      ``M_k`` (a soft version of Kaleidoscope's learned masks, starting at 1);
+    * ``hyper``: shared hidden layers, output layer ``[W_k, b_k] = [W, b] + G z_k`` generated from
+      a learned agent embedding ``z_k`` by a linear hypernetwork ``G`` (HyperMARL's idea, output
+      layer only; ``G`` starts at 0);
+    * ``film_id``: shared weights; every hidden pre-activation is modulated per agent,
+      ``(1 + gamma_k) * (W h) + b + beta_k`` (FiLM from the agent ID; ``gamma, beta`` start at 0).
 
     Every mode starts from the *same* draw of PyTorch's default Linear initialisation (per seed;
-    per agent for ``nops``), and the scaled modes start with ``s`` equal to the initial row norms
-    (``scale_only``: ``s = 1``), so at initialisation ``fups``, ``hps``, ``scale_only`` and
-    ``sphere_only`` compute the same function. The action mean is the last layer's output
-    (no activation); the action noise is fixed.
+    per agent for ``nops``), and all shared modes except ``fups_id`` compute the same function at
+    initialisation (the scaled modes start with ``s`` equal to the initial row norms,
+    ``scale_only`` with ``s = 1``). The action mean is the last layer's output (no activation);
+    the action noise is fixed.
     """
 
     def __init__(self, method: str, n_agents: int, n_seeds: int = 1, hidden: int = 32,
@@ -301,41 +398,84 @@ class AgentPolicy(nn.Module):
         self.layers: list[_Layer] = []
         self.sphere_params = nn.ParameterList()
         self.euclid_params = nn.ParameterList()
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
+        self.unit_params = nn.ParameterList()     # rows renormalised after every step
+        last = len(sizes) - 2
+        for index, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
             bound = 1.0 / math.sqrt(fan_in)
             w = (2 * torch.rand(n_seeds, groups, fan_out, fan_in, generator=gen) - 1) * bound
             b = (2 * torch.rand(n_seeds, groups, fan_out, generator=gen) - 1) * bound
             norms = torch.linalg.vector_norm(w, dim=-1)
-            log_scale = None
+            layer = _Layer(None, nn.Parameter(b))
+            extra = []
             if method in _SPHERE:
-                weight = geoopt.ManifoldParameter(unit_rows(w), manifold=geoopt.Sphere())
-                self.sphere_params.append(weight)
-                scale_groups = n_agents if method in _AGENT_SCALES else 1
-                log_scale = nn.Parameter(norms.log().expand(-1, scale_groups, -1).clone())
+                layer.weight = geoopt.ManifoldParameter(unit_rows(w), manifold=geoopt.Sphere())
+                self.sphere_params.append(layer.weight)
+            elif method == "hps_adam":
+                layer.weight = nn.Parameter(unit_rows(w))
+                self.unit_params.append(layer.weight)
+                self.euclid_params.append(layer.weight)
+                layer.weight.register_hook(_tangent_hook(layer.weight))
             else:
-                weight = nn.Parameter(w)
-                self.euclid_params.append(weight)
-                if method == "scale_only":
-                    log_scale = nn.Parameter(torch.zeros(n_seeds, n_agents, fan_out))
-            bias = nn.Parameter(b)
-            self.euclid_params.append(bias)
-            if log_scale is not None:
-                self.euclid_params.append(log_scale)
-            self.layers.append(_Layer(weight, bias, log_scale))
+                layer.weight = nn.Parameter(w)
+                self.euclid_params.append(layer.weight)
+            if method in _UNIT_ROWS:
+                scale_groups = n_agents if method in _AGENT_SCALES else 1
+                layer.log_scale = nn.Parameter(norms.log().expand(-1, scale_groups, -1).clone())
+            elif method == "scale_only":
+                layer.log_scale = nn.Parameter(torch.zeros(n_seeds, n_agents, fan_out))
+            elif method == "mask":
+                layer.mask = nn.Parameter(torch.zeros(n_seeds, n_agents, fan_out, fan_in))
+                extra.append(layer.mask)
+            elif method == "film_id" and index < last:
+                layer.film = (nn.Parameter(torch.zeros(n_seeds, n_agents, fan_out)),
+                              nn.Parameter(torch.zeros(n_seeds, n_agents, fan_out)))
+                extra.extend(layer.film)
+            elif method == "hyper" and index == last:
+                z = torch.randn(n_seeds, n_agents, HYPER_EMBED, generator=gen)
+                layer.hyper = (nn.Parameter(z), nn.Parameter(
+                    torch.zeros(n_seeds, 1, fan_out * (fan_in + 1), HYPER_EMBED)))
+                extra.extend(layer.hyper)
+            self.euclid_params.append(layer.bias)
+            if layer.log_scale is not None:
+                self.euclid_params.append(layer.log_scale)
+            self.euclid_params.extend(extra)
+            self.layers.append(layer)
+
+    def _hyper_delta(self, layer: _Layer) -> torch.Tensor:
+        z, g = layer.hyper
+        return (g @ z.unsqueeze(-1)).squeeze(-1)            # (S, N, out * (in + 1))
 
     def agent_weights(self, index: int) -> torch.Tensor:
         """Effective weights ``W_k`` of layer ``index``, shape ``(S, N or 1, out, in)``."""
         layer = self.layers[index]
-        if layer.log_scale is None:
-            return layer.weight
-        return layer.log_scale.exp().unsqueeze(-1) * layer.weight
+        w = layer.weight
+        if layer.log_scale is not None:
+            w = layer.log_scale.exp().unsqueeze(-1) * w
+        if layer.mask is not None:
+            w = 2 * torch.sigmoid(layer.mask) * w
+        if layer.film is not None:
+            w = (1 + layer.film[0]).unsqueeze(-1) * w
+        if layer.hyper is not None:
+            out, fan_in = w.shape[-2:]
+            w = w + self._hyper_delta(layer)[..., : out * fan_in].unflatten(-1, (out, fan_in))
+        return w
 
-    def effective_weights(self) -> list[torch.Tensor]:
-        """``W_k`` of every layer (:meth:`agent_weights`), to reuse over the steps of a rollout."""
-        return [self.agent_weights(i) for i in range(len(self.layers))]
+    def agent_bias(self, index: int) -> torch.Tensor:
+        """Effective biases ``b_k`` of layer ``index``, shape ``(S, N or 1, out)``."""
+        layer = self.layers[index]
+        b = layer.bias
+        if layer.film is not None:
+            b = (1 + layer.film[0]) * b + layer.film[1]
+        if layer.hyper is not None:
+            out, fan_in = layer.weight.shape[-2:]
+            b = b + self._hyper_delta(layer)[..., out * fan_in:]
+        return b
 
-    def forward(self, obs: torch.Tensor, weights: list[torch.Tensor] | None = None,
-                ) -> torch.Tensor:
+    def effective_weights(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(W_k, b_k)`` of every layer, to reuse over the steps of a rollout."""
+        return [(self.agent_weights(i), self.agent_bias(i)) for i in range(len(self.layers))]
+
+    def forward(self, obs: torch.Tensor, weights: list | None = None) -> torch.Tensor:
         """Action means for observations ``(S, N, B, obs_dim)``; returns ``(S, N, B, act_dim)``.
 
         ``weights`` (from :meth:`effective_weights`, computed once per rollout) saves recomputing
@@ -356,8 +496,8 @@ class AgentPolicy(nn.Module):
             weights = self.effective_weights()
         elif len(weights) != len(self.layers):
             raise ValueError(f"need {len(self.layers)} weight tensors, got {len(weights)}")
-        for index, (layer, w) in enumerate(zip(self.layers, weights, strict=True)):
-            h = h @ w.transpose(-1, -2) + layer.bias.unsqueeze(-2)
+        for index, (w, b) in enumerate(weights):
+            h = h @ w.transpose(-1, -2) + b.unsqueeze(-2)
             if index < last:
                 h = torch.tanh(h)
         return h
@@ -367,10 +507,17 @@ class AgentPolicy(nn.Module):
         return sum(p.numel() for p in self.parameters()) // self.n_seeds
 
     def renormalise(self) -> None:
-        """Put sphere rows back on the unit sphere exactly (guards against float drift)."""
+        """Put unit rows back on the unit sphere exactly (float drift; ``hps_adam``'s steps)."""
         with torch.no_grad():
-            for p in self.sphere_params:
+            for p in list(self.sphere_params) + list(self.unit_params):
                 p.copy_(unit_rows(p))
+
+
+def _tangent_hook(param: torch.Tensor):
+    """Gradient hook: project a unit-row parameter's gradient on the tangent space."""
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        return tangent_project(param.detach(), grad)
+    return hook
 
 
 # --- learning ---------------------------------------------------------------------------------
@@ -440,16 +587,71 @@ def make_optimizers(policy: AgentPolicy, lr: float, sphere_lr: float | None = No
     return optims
 
 
+class SeedAdam:
+    """Adam with one learning rate per seed, for parameters stacked over seeds (dimension 0).
+
+    Euclidean parameters take torch's Adam step; sphere rows (``policy.sphere_params``) take
+    geoopt's Riemannian Adam step on the ``Sphere`` (tangent projection, a second moment per row,
+    retraction by normalisation, momentum transported by projection), so that with one learning
+    rate for every seed it equals ``torch.optim.Adam`` and ``geoopt.optim.RiemannianAdam``
+    (a unit test checks both). ``lr`` and ``sphere_lr`` are numbers or one value per seed.
+    """
+
+    def __init__(self, policy: AgentPolicy, lr, sphere_lr=None, betas=(0.9, 0.999),
+                 eps: float = 1e-8):
+        n_seeds = policy.n_seeds
+        self.lr = torch.as_tensor(lr, dtype=torch.float32).reshape(-1).expand(n_seeds)
+        self.sphere_lr = None if sphere_lr is None else torch.as_tensor(
+            sphere_lr, dtype=torch.float32).reshape(-1).expand(n_seeds)
+        self.betas, self.eps, self.t = betas, eps, 0
+        self.params = [(p, False) for p in policy.euclid_params]
+        self.params += [(p, True) for p in policy.sphere_params]
+        self.state = {id(p): (torch.zeros_like(p), torch.zeros_like(p)) for p, _ in self.params}
+
+    def zero_grad(self) -> None:
+        for p, _ in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        b1, b2 = self.betas
+        self.t += 1
+        bc1, bc2 = 1 - b1**self.t, 1 - b2**self.t
+        for p, on_sphere in self.params:
+            if p.grad is None:
+                continue
+            m, v = self.state[id(p)]
+            view = (-1,) + (1,) * (p.dim() - 1)
+            if not on_sphere:
+                g = p.grad
+                m.mul_(b1).add_(g, alpha=1 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                denom = (v.sqrt() / math.sqrt(bc2)).add_(self.eps)
+                p.sub_(self.lr.view(view) / bc1 * m / denom)
+                continue
+            lr = (self.lr * math.sqrt(p.shape[-1]) if self.sphere_lr is None
+                  else self.sphere_lr).view(view)
+            g = tangent_project(p, p.grad)
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).add_((g * g).sum(-1, keepdim=True), alpha=1 - b2)
+            direction = (m / bc1) / ((v / bc2).sqrt() + self.eps)
+            new = unit_rows(p - lr * direction)
+            m.copy_(tangent_project(new, m))
+            p.copy_(new)
+
+
 def train(method: str, gains, *, n_seeds: int = 4, seed: int = 0, updates: int = 100,
           batch: int = 256, hidden: int = 32, lr: float = 3e-3, sphere_lr: float | None = None,
           sigma: float = 0.1, horizon: int = 8, eval_every: int = 10, eval_batch: int = 512,
-          ) -> TrainResult:
+          angles=None, obs_dim: int = 2, distractors: int = 0) -> TrainResult:
     """Train ``n_seeds`` independent policies of one sharing ``method`` with REINFORCE.
 
     Every method gets the same environment draws (``seed``), the same number of updates and the
-    same learning rates. ``sphere_lr`` is the Riemannian Adam rate of sphere rows (``lr`` scaled by
-    the square root of the fan-in when ``None``: geoopt normalises the second moment per row, so
-    this matches the length of an elementwise Adam step on a row).
+    same learning rates. ``lr`` is one number or one per seed (:class:`SeedAdam`, so a learning
+    rate grid trains as one batch). ``sphere_lr`` is the Riemannian Adam rate of sphere rows
+    (``lr`` scaled by the square root of the fan-in when ``None``: geoopt normalises the second
+    moment per row, so this matches the length of an elementwise Adam step on a row).
+    ``angles``, ``obs_dim`` and ``distractors`` configure :class:`GainReach`.
     """
     import time
 
@@ -457,16 +659,15 @@ def train(method: str, gains, *, n_seeds: int = 4, seed: int = 0, updates: int =
     eval_every = _check_int(eval_every, "eval_every", 1)
     for name, value in (("lr", lr), ("sigma", sigma)) + (
             (("sphere_lr", sphere_lr),) if sphere_lr is not None else ()):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a finite positive number, got {value!r}")
-    env = GainReach(gains, horizon)
-    policy = AgentPolicy(method, env.n_agents, n_seeds, hidden=hidden, seed=seed)
-    if sphere_lr is None:
-        optims = [torch.optim.Adam(policy.euclid_params, lr=lr)]
-        for p in policy.sphere_params:
-            optims.append(geoopt.optim.RiemannianAdam([p], lr=lr * math.sqrt(p.shape[-1])))
-    else:
-        optims = make_optimizers(policy, lr, sphere_lr)
+        values = np.asarray(value, dtype=float).reshape(-1)
+        if values.size not in (1, n_seeds) or not (np.isfinite(values).all()
+                                                     and (values > 0).all()):
+            raise ValueError(f"{name} must be a finite positive number (or one per seed), "
+                             f"got {value!r}")
+    env = GainReach(gains, horizon, angles=angles, obs_dim=obs_dim, distractors=distractors)
+    policy = AgentPolicy(method, env.n_agents, n_seeds, hidden=hidden, seed=seed,
+                         obs_dim=env.obs_dim)
+    optims = [SeedAdam(policy, lr, sphere_lr)]
     gen = torch.Generator().manual_seed(10_000 + int(seed))
     eval_gen_seed = 20_000 + int(seed)
     steps, curve = [], []
@@ -488,6 +689,25 @@ def train(method: str, gains, *, n_seeds: int = 4, seed: int = 0, updates: int =
         policy.renormalise()
     curve = np.array(curve)
     return TrainResult(method, steps, curve, curve[-1], policy, time.process_time() - start)
+
+
+def select_lr(method: str, gains, grid=(1e-3, 3e-3, 1e-2), *, n_seeds: int = 4,
+              seed: int = 0, **kwargs) -> tuple[float, np.ndarray]:
+    """Pick ``method``'s learning rate from ``grid`` on held-out seeds.
+
+    Trains ``n_seeds`` seeds per grid value in one batch (:class:`SeedAdam`'s per-seed rates)
+    from the seed ``seed`` (use one that the comparison does not use) and returns the value with
+    the best mean final normalised return, and the means, one per grid value (a one-value grid
+    trains nothing and returns NaN as its mean). ``kwargs`` go to :func:`train`.
+    """
+    grid = tuple(float(g) for g in grid)
+    n_seeds = _check_int(n_seeds, "n_seeds", 1)
+    if len(grid) == 1:
+        return grid[0], np.full(1, np.nan)
+    lrs = np.repeat(grid, n_seeds)
+    result = train(method, gains, n_seeds=lrs.size, seed=seed, lr=lrs, **kwargs)
+    means = result.final.reshape(len(grid), n_seeds).mean(1)
+    return grid[int(np.argmax(means))], means
 
 
 # --- gradient decomposition analysis ----------------------------------------------------------
@@ -562,6 +782,110 @@ def ggda(gains, *, n_seeds: int = 8, seed: int = 0, warmup: int = 10, batch: int
                                 torch.Generator().manual_seed(30_000 + int(seed)), sigma, layers)
     return {i: agreement(policy.layers[i].weight[:, 0].detach(), g)
             for i, g in zip(layers, grads, strict=True)}
+
+
+@dataclass
+class CalibratedGGDA:
+    """Split-half calibrated agreement between agents, one value per seed (eq-hps-calibrated).
+
+    Each agent's gradient is computed twice, from two disjoint halves of the episodes. For each
+    part (``tan``: tangential parts of all analysed rows, flattened into one vector per agent;
+    ``rad``: the vector of radial magnitudes of those rows) the *between* statistic is the mean
+    cosine between one agent's half and another agent's other half, the *within* statistic (the
+    split-half ceiling) the mean cosine between an agent's own two halves, and the calibrated
+    agreement their ratio: 1 when agents agree as well as an agent agrees with itself.
+    """
+
+    tan_between: np.ndarray
+    tan_within: np.ndarray
+    rad_between: np.ndarray
+    rad_within: np.ndarray
+
+    @property
+    def tan(self) -> np.ndarray:
+        return self.tan_between / self.tan_within
+
+    @property
+    def rad(self) -> np.ndarray:
+        return self.rad_between / self.rad_within
+
+
+def _cosine_matrix(a: torch.Tensor, b: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """Cosines between agents' vectors: ``a``, ``b`` ``(N, S, D)`` -> ``(S, N, N)``."""
+    a = a / torch.linalg.vector_norm(a, dim=-1, keepdim=True).clamp_min(eps)
+    b = b / torch.linalg.vector_norm(b, dim=-1, keepdim=True).clamp_min(eps)
+    return torch.einsum("ksd,lsd->skl", a, b)
+
+
+def split_half_agreement(weights: list[torch.Tensor], first: list[torch.Tensor],
+                         second: list[torch.Tensor]) -> CalibratedGGDA:
+    """Calibrated agreement from per-layer rows ``(S, out, in)`` and two half-batch gradients.
+
+    ``first`` and ``second`` hold, per layer, per-agent gradients ``(N, S, out, in)`` from
+    disjoint halves of the episodes.
+    """
+    parts = []
+    for grads in (first, second):
+        rads, tans = [], []
+        for w, g in zip(weights, grads, strict=True):
+            r, tan = decompose(w.unsqueeze(0), g)
+            rads.append(r)
+            tans.append(tan.flatten(-2))
+        parts.append((torch.cat(tans, -1), torch.cat(rads, -1)))
+    n = first[0].shape[0]
+    if n < 2:
+        raise ValueError("agreement between agents needs at least two agents")
+    off = ~torch.eye(n, dtype=torch.bool)
+    out = []
+    for i in range(2):
+        c = _cosine_matrix(parts[0][i], parts[1][i])                   # (S, N, N)
+        out.append(c[:, off].mean(-1))
+        out.append(torch.diagonal(c, dim1=-2, dim2=-1).mean(-1))
+    return CalibratedGGDA(*(x.detach().numpy() for x in out))
+
+
+def calibrated_ggda(gains, *, angles=None, n_seeds: int = 32, seed: int = 0,
+                    checkpoints=(10,), batch: int = 128, ggda_batch: int = 2048,
+                    hidden: int = 32, lr: float = 3e-3, sigma: float = 0.1, layers=(1, 2),
+                    method: str = "fups_id") -> dict[int, CalibratedGGDA]:
+    """Train a shared policy and measure :class:`CalibratedGGDA` at each checkpoint (update).
+
+    Training uses ``batch`` episodes per update (as :func:`train`); each measurement draws
+    ``ggda_batch`` fresh episodes and splits them into two halves.
+    """
+    checkpoints = sorted({_check_int(c, "checkpoint", 0) for c in checkpoints})
+    env = GainReach(gains, angles=angles)
+    policy = AgentPolicy(method, env.n_agents, n_seeds, hidden=hidden, seed=seed)
+    if policy.method == "nops":
+        raise ValueError("no-sharing policies have no shared weights to decompose")
+    optims = [SeedAdam(policy, lr)]
+    gen = torch.Generator().manual_seed(10_000 + int(seed))
+    measure_gen = torch.Generator().manual_seed(30_000 + int(seed))
+    half = _check_int(ggda_batch, "ggda_batch", 2) // 2
+    out = {}
+    for update in range(checkpoints[-1] + 1):
+        if update in checkpoints:
+            logps, rewards = rollout(policy, env, 2 * half, measure_gen, sigma)
+            params = [policy.layers[i].weight for i in layers]
+            halves = []
+            for sl in (slice(0, half), slice(half, 2 * half)):
+                losses = agent_losses(logps[..., sl], rewards[..., sl])
+                per_agent = [torch.autograd.grad(losses[k], params, retain_graph=True)
+                             for k in range(policy.n_agents)]
+                halves.append([torch.stack([g[i][:, 0] for g in per_agent])
+                               for i in range(len(layers))])
+            out[update] = split_half_agreement([p[:, 0].detach() for p in params], *halves)
+        if update == checkpoints[-1]:
+            break
+        logps, rewards = rollout(policy, env, batch, gen, sigma)
+        loss = agent_losses(logps, rewards).sum()
+        for opt in optims:
+            opt.zero_grad()
+        loss.backward()
+        for opt in optims:
+            opt.step()
+        policy.renormalise()
+    return out
 
 
 def scale_gain_correlation(policy: AgentPolicy, gains) -> np.ndarray:
