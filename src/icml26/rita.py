@@ -285,6 +285,28 @@ def make_views(x: torch.Tensor, n_views: int, *, generator: torch.Generator | No
     return torch.cat([x.unsqueeze(1), v], dim=1)
 
 
+def _check_attack(x, y, epsilon: float, steps: int,
+                  alpha: float | None) -> tuple[float, int, float]:
+    """Checked ``(epsilon, steps, alpha)`` of a PGD attack on images ``x`` with labels ``y``;
+    ``alpha`` defaults to ``epsilon / 4``."""
+    check_images(x)
+    epsilon = check_epsilon(epsilon)
+    steps = _check_count(steps, "steps")
+    alpha = epsilon / 4 if alpha is None else check_epsilon(alpha)
+    if not isinstance(y, torch.Tensor) or y.shape != (x.shape[0],):
+        raise ValueError("labels must be a tensor of shape (B,)")
+    return epsilon, steps, alpha
+
+
+def _ascend(x_adv: torch.Tensor, grad: torch.Tensor, x: torch.Tensor, alpha: float,
+            epsilon: float) -> torch.Tensor:
+    """One PGD step (``eq-rita-pgd``): ``alpha * sign(grad)`` up, then the projection onto the
+    ``epsilon``-ball around ``x`` and onto [0, 1]."""
+    with torch.no_grad():
+        x_adv = x_adv + alpha * grad.sign()
+        return torch.minimum(torch.maximum(x_adv, x - epsilon), x + epsilon).clamp(0, 1)
+
+
 def pgd(model, x: torch.Tensor, y: torch.Tensor, epsilon: float, *, steps: int = 7,
         alpha: float | None = None) -> torch.Tensor:
     """L-infinity PGD on the cross-entropy of ``model(x)`` (``eq-rita-pgd``), no random start.
@@ -293,20 +315,13 @@ def pgd(model, x: torch.Tensor, y: torch.Tensor, epsilon: float, *, steps: int =
     onto the ``epsilon``-ball around ``x`` and onto [0, 1]. One step with ``alpha = epsilon`` is
     FGSM.
     """
-    check_images(x)
-    epsilon = check_epsilon(epsilon)
-    steps = _check_count(steps, "steps")
-    alpha = epsilon / 4 if alpha is None else check_epsilon(alpha)
-    if not isinstance(y, torch.Tensor) or y.shape != (x.shape[0],):
-        raise ValueError("labels must be a tensor of shape (B,)")
+    epsilon, steps, alpha = _check_attack(x, y, epsilon, steps, alpha)
     x_adv = x.detach().clone()
     for _ in range(steps):
         x_adv.requires_grad_(True)
         loss = fn.cross_entropy(model(x_adv), y, reduction="sum")
         (grad,) = torch.autograd.grad(loss, x_adv)
-        with torch.no_grad():
-            x_adv = x_adv + alpha * grad.sign()
-            x_adv = torch.minimum(torch.maximum(x_adv, x - epsilon), x + epsilon).clamp(0, 1)
+        x_adv = _ascend(x_adv, grad, x, alpha, epsilon)
     return x_adv.detach()
 
 
@@ -319,13 +334,8 @@ def eot_pgd(model, x: torch.Tensor, y: torch.Tensor, epsilon: float, *, n_views:
     then projects as in ``eq-rita-pgd``. The attacker knows the view distribution, not the views
     the defence will draw, nor the prompt step or the OT reading.
     """
-    check_images(x)
-    epsilon = check_epsilon(epsilon)
-    steps = _check_count(steps, "steps")
+    epsilon, steps, alpha = _check_attack(x, y, epsilon, steps, alpha)
     n_views = _check_count(n_views, "n_views", 2)
-    alpha = epsilon / 4 if alpha is None else check_epsilon(alpha)
-    if not isinstance(y, torch.Tensor) or y.shape != (x.shape[0],):
-        raise ValueError("labels must be a tensor of shape (B,)")
     gen = torch.Generator().manual_seed(seed)
     x_adv = x.detach().clone()
     for _ in range(steps):
@@ -335,9 +345,7 @@ def eot_pgd(model, x: torch.Tensor, y: torch.Tensor, epsilon: float, *, n_views:
         logp_y = logp.gather(2, y[:, None, None].expand(-1, n_views, 1))[..., 0]
         loss = -(torch.logsumexp(logp_y, 1) - math.log(n_views)).sum()
         (grad,) = torch.autograd.grad(loss, x_adv)
-        with torch.no_grad():
-            x_adv = x_adv + alpha * grad.sign()
-            x_adv = torch.minimum(torch.maximum(x_adv, x - epsilon), x + epsilon).clamp(0, 1)
+        x_adv = _ascend(x_adv, grad, x, alpha, epsilon)
     return x_adv.detach()
 
 
@@ -362,13 +370,8 @@ def ot_pgd(model, x: torch.Tensor, y: torch.Tensor, epsilon: float, *, n_views: 
     ``-lr * g / (|g| + eps)``, constant in ``g`` away from zero): a BPDA of the sign-like step.
     Without it, the trained prompts (the un-adapted OT reading).
     """
-    check_images(x)
-    epsilon = check_epsilon(epsilon)
-    steps = _check_count(steps, "steps")
+    epsilon, steps, alpha = _check_attack(x, y, epsilon, steps, alpha)
     n_views = _check_count(n_views, "n_views", 2)
-    alpha = epsilon / 4 if alpha is None else check_epsilon(alpha)
-    if not isinstance(y, torch.Tensor) or y.shape != (x.shape[0],):
-        raise ValueError("labels must be a tensor of shape (B,)")
     gen = torch.Generator().manual_seed(seed)
     x_adv = x.detach().clone()
     for _ in range(steps):
@@ -381,9 +384,7 @@ def ot_pgd(model, x: torch.Tensor, y: torch.Tensor, epsilon: float, *, n_views: 
             text = model.text_features()
         loss = ot_margin(ot_distances(z, text, reg, n_iter), y).sum()
         (grad,) = torch.autograd.grad(loss, x_adv)
-        with torch.no_grad():
-            x_adv = x_adv + alpha * grad.sign()
-            x_adv = torch.minimum(torch.maximum(x_adv, x - epsilon), x + epsilon).clamp(0, 1)
+        x_adv = _ascend(x_adv, grad, x, alpha, epsilon)
     return x_adv.detach()
 
 
