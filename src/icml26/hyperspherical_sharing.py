@@ -679,16 +679,23 @@ def train(method: str, gains, *, n_seeds: int = 4, seed: int = 0, updates: int =
                                            torch.Generator().manual_seed(eval_gen_seed)).numpy())
         if update == updates:
             break
-        logps, rewards = rollout(policy, env, batch, gen, sigma)
-        loss = agent_losses(logps, rewards).sum()
-        for opt in optims:
-            opt.zero_grad()
-        loss.backward()
-        for opt in optims:
-            opt.step()
-        policy.renormalise()
+        policy_gradient_update(policy, env, batch, gen, sigma, optims)
     curve = np.array(curve)
     return TrainResult(method, steps, curve, curve[-1], policy, time.process_time() - start)
+
+
+def policy_gradient_update(policy: AgentPolicy, env: GainReach, batch: int,
+                           generator: torch.Generator, sigma: float, optims) -> None:
+    """One update: a batch of episodes, the sum of the agents' REINFORCE losses, a step of every
+    optimiser, and the sphere's renormalisation of the HPS rows."""
+    logps, rewards = rollout(policy, env, batch, generator, sigma)
+    loss = agent_losses(logps, rewards).sum()
+    for opt in optims:
+        opt.zero_grad()
+    loss.backward()
+    for opt in optims:
+        opt.step()
+    policy.renormalise()
 
 
 def select_lr(method: str, gains, grid=(1e-3, 3e-3, 1e-2), *, n_seeds: int = 4,
@@ -877,14 +884,7 @@ def calibrated_ggda(gains, *, angles=None, n_seeds: int = 32, seed: int = 0,
             out[update] = split_half_agreement([p[:, 0].detach() for p in params], *halves)
         if update == checkpoints[-1]:
             break
-        logps, rewards = rollout(policy, env, batch, gen, sigma)
-        loss = agent_losses(logps, rewards).sum()
-        for opt in optims:
-            opt.zero_grad()
-        loss.backward()
-        for opt in optims:
-            opt.step()
-        policy.renormalise()
+        policy_gradient_update(policy, env, batch, gen, sigma, optims)
     return out
 
 
