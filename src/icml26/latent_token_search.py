@@ -22,13 +22,14 @@ Chapter ``latent-token-search`` of the book. The module has five parts.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+
+from icml26.core import check_count
 
 DT = 0.25
 """Time step of the road world, in seconds."""
@@ -41,14 +42,6 @@ WHEELBASE = 2.7
 PRIMITIVES = ("keep lane", "change left", "change right", "accelerate", "brake", "turn left",
               "turn right")
 """Manoeuvre primitives of :func:`generate_futures`, in the order of their integer labels."""
-
-
-def _check_int(value, name: str, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (numbers.Integral,)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{name} must be at least {low}, got {value}")
-    return int(value)
 
 
 # --- Road world ------------------------------------------------------------------------------
@@ -88,8 +81,8 @@ def generate_futures(n: int, rng: np.random.Generator, horizon: int = HORIZON) -
     are limited as in a real car. Returns positions ``(n, horizon, 2)`` (the start excluded),
     initial speeds ``(n,)`` and primitive labels ``(n,)``.
     """
-    n = _check_int(n, "n")
-    horizon = _check_int(horizon, "horizon", 4)
+    n = check_count(n, "n", 1)
+    horizon = check_count(horizon, "horizon", 4)
     speed0 = rng.uniform(4.0, 16.0, n)
     kind = rng.integers(0, len(PRIMITIVES), n)
     target_y = np.select([kind == 1, kind == 2], [LANE, -LANE], 0.0)
@@ -137,7 +130,7 @@ class FSQ(nn.Module):
 
     def __init__(self, levels: Sequence[int]):
         super().__init__()
-        levels = [_check_int(level, "each level", 3) for level in levels]
+        levels = [check_count(level, "each level", 3) for level in levels]
         if not levels:
             raise ValueError("levels must not be empty")
         self.levels = tuple(levels)
@@ -243,7 +236,7 @@ class Tokenizer(nn.Module):
     def __init__(self, positions: Tensor, speed: Tensor, n_tokens: int = 6,
                  levels: Sequence[int] = (8, 5, 5), hidden: int = 256):
         super().__init__()
-        self.n_tokens = _check_int(n_tokens, "n_tokens")
+        self.n_tokens = check_count(n_tokens, "n_tokens", 1)
         self.fsq = FSQ(levels)
         self.norm = _Normaliser(positions, speed)
         width = positions.shape[1] * 2
@@ -252,7 +245,7 @@ class Tokenizer(nn.Module):
         self.mask = nn.Parameter(torch.zeros(self.n_tokens, self.fsq.dim))
 
     def check_prefix(self, prefix: int) -> int:
-        prefix = _check_int(prefix, "prefix length", 1)
+        prefix = check_count(prefix, "prefix length", 1)
         if prefix > self.n_tokens:
             raise ValueError(f"prefix length must lie in 1..{self.n_tokens}, got {prefix}")
         return prefix
@@ -319,7 +312,7 @@ class TrajectoryVAE(nn.Module):
 
     def __init__(self, positions: Tensor, speed: Tensor, latent: int = 8, hidden: int = 256):
         super().__init__()
-        self.latent = _check_int(latent, "latent")
+        self.latent = check_count(latent, "latent", 1)
         self.norm = _Normaliser(positions, speed)
         width = positions.shape[1] * 2
         self.encoder = _mlp(width + 1, hidden, 2 * self.latent)
@@ -351,7 +344,7 @@ def train_tokenizer(positions, speed, *, nested: bool, steps: int = 1500, batch:
     ({eq}`eq-lts-nested`); with ``nested=False`` the decoder always sees all ``K``. Adam with a
     cosine learning-rate decay; the same steps, batch and data for every model.
     """
-    steps = _check_int(steps, "steps")
+    steps = check_count(steps, "steps", 1)
     positions = torch.as_tensor(positions, dtype=torch.float32)
     speed = torch.as_tensor(speed, dtype=torch.float32)
     gen = torch.Generator().manual_seed(int(seed))
@@ -481,7 +474,7 @@ class JointPrior:
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """``n`` training tuples drawn uniformly (the empirical joint law), in token order."""
-        n = _check_int(n, "n")
+        n = check_count(n, "n", 1)
         return self.to_positions(self.tuples[rng.integers(0, len(self.tuples), n)])
 
     def complete(self, prefixes, rng: np.random.Generator) -> np.ndarray:
@@ -623,7 +616,7 @@ def beam_cost(n_tokens: int, codebook: int, width: int) -> int:
 
 def beam_width_for(budget: int, n_tokens: int, codebook: int) -> int:
     """The widest beam that fits in ``budget`` decoder evaluations; errors if none fits."""
-    budget = _check_int(budget, "budget")
+    budget = check_count(budget, "budget", 1)
     if budget < codebook:
         raise ValueError(f"budget {budget} is smaller than one beam step ({codebook} decodes: "
                          "every code of one token position)")
@@ -670,7 +663,7 @@ def beam_search(tokenizer: Tokenizer, scenario: Scenario, budget: int,
 def best_of_n(tokenizer: Tokenizer, scenario: Scenario, n: int, prior: TokenPrior,
               generator: torch.Generator, prior_weight: float = 0.0) -> Plan:
     """Sample ``n`` full token sequences from the prior, decode, keep the best."""
-    n = _check_int(n, "n")
+    n = check_count(n, "n", 1)
     idx = prior.sample(n, generator)
     plans = tokenizer.decode_indices(idx, scenario.speed)
     score = task_cost(plans, scenario) + prior_weight * prior.nll(idx)
@@ -682,7 +675,7 @@ def best_of_n(tokenizer: Tokenizer, scenario: Scenario, n: int, prior: TokenPrio
 def cem_vae(vae: TrajectoryVAE, scenario: Scenario, budget: int, generator: torch.Generator,
             population: int = 200, elite: float = 0.1, prior_weight: float = 0.0) -> Plan:
     """Cross-entropy method on the VAE latent: ``budget // population`` Gaussian refits."""
-    budget = _check_int(budget, "budget")
+    budget = check_count(budget, "budget", 1)
     if budget < population:
         raise ValueError(f"budget {budget} is smaller than one CEM population ({population})")
     n_elite = max(2, int(elite * population))
@@ -711,7 +704,7 @@ def optimise_waypoints(scenario: Scenario, budget: int, generator: torch.Generat
     every step evaluates the objective (with its gradient) once per restart, so
     ``budget // restarts`` steps.
     """
-    budget = _check_int(budget, "budget")
+    budget = check_count(budget, "budget", 1)
     if budget < restarts:
         raise ValueError(f"budget {budget} is smaller than one step of {restarts} restarts")
     t = torch.arange(1, HORIZON + 1, dtype=torch.float32) * DT
@@ -736,16 +729,16 @@ def topm_cost(n_tokens: int, top_m: int, width: int) -> int:
     """Decoder evaluations of a beam that expands the top ``M`` codes {eq}`eq-lts-costs`:
     ``sum_k M min(B, M^k)`` over the steps ``k = 0..K-1`` (step ``k`` extends at most ``M^k``
     prefixes), which is ``M (1 + (K - 1) B)`` when ``M >= B``."""
-    n_tokens, top_m = _check_int(n_tokens, "n_tokens"), _check_int(top_m, "top_m")
-    width = _check_int(width, "width")
+    n_tokens, top_m = check_count(n_tokens, "n_tokens", 1), check_count(top_m, "top_m", 1)
+    width = check_count(width, "width", 1)
     return sum(top_m * min(width, top_m**k) for k in range(n_tokens))
 
 
 def topm_width_for(budget: int, n_tokens: int, top_m: int) -> int:
     """The widest beam of :func:`topm_cost` within ``budget`` (no wider than the number of
     prefixes the last step can have)."""
-    budget, top_m = _check_int(budget, "budget"), _check_int(top_m, "top_m")
-    n_tokens = _check_int(n_tokens, "n_tokens")
+    budget, top_m = check_count(budget, "budget", 1), check_count(top_m, "top_m", 1)
+    n_tokens = check_count(n_tokens, "n_tokens", 1)
     if topm_cost(n_tokens, top_m, 1) > budget:
         raise ValueError(f"budget {budget} cannot finish a width-1 beam expanding {top_m} codes "
                          f"({topm_cost(n_tokens, top_m, 1)} decodes)")
@@ -777,7 +770,7 @@ def token_beam(tokenizer: Tokenizer, speed: float, cost_fn: Callable[[Tensor], T
     search spends :func:`topm_cost` decodes {eq}`eq-lts-costs`. ``trace`` holds, after each
     step, the evaluations spent so far and the objective of the best child's decode.
     """
-    width, top_m = _check_int(width, "width"), _check_int(top_m, "top_m")
+    width, top_m = check_count(width, "width", 1), check_count(top_m, "top_m", 1)
     if score not in ("mask", "complete"):
         raise ValueError(f"score must be 'mask' or 'complete', got {score!r}")
     if score == "complete" and rng is None:
@@ -867,7 +860,7 @@ class CutIn:
 def make_cut_ins(n: int, rng: np.random.Generator) -> list[CutIn]:
     """``n`` cut-in problems: the agent starts in a neighbouring lane, 10 m behind to 5 m ahead
     of the ego, 1-4 m/s faster."""
-    n = _check_int(n, "n")
+    n = check_count(n, "n", 1)
     out = []
     for _ in range(n):
         ego = float(rng.uniform(8.0, 14.0))
@@ -895,7 +888,7 @@ def closed_loop(planner: Callable[[Scenario], Plan], speed: float, goal, obstacl
     it in its lane. Each plan sees the agent as a constant-velocity prediction. Success: no
     contact with the obstacle or the agent, and the ego ends within 2 m of the goal.
     """
-    replan_every = _check_int(replan_every, "replan_every")
+    replan_every = check_count(replan_every, "replan_every", 1)
     if HORIZON % replan_every:
         raise ValueError(f"replan_every must divide the horizon {HORIZON}")
     goal, obstacle = np.asarray(goal, float), np.asarray(obstacle, float)
@@ -948,7 +941,7 @@ def placebo_cost(key: int, scale: float = 100.0) -> Callable[[Tensor], Tensor]:
     information for the first tokens to reveal, searching coarse to fine cannot beat fine to
     coarse.
     """
-    key = _check_int(key, "key", low=0)
+    key = check_count(key, "key", 0)
     weights = torch.randn(HORIZON, 2, generator=torch.Generator().manual_seed(key),
                           dtype=torch.float64) * scale
 
@@ -963,7 +956,7 @@ def placebo_cost(key: int, scale: float = 100.0) -> Callable[[Tensor], Tensor]:
 def make_scenarios(n: int, rng: np.random.Generator) -> list[Scenario]:
     """``n`` held-out planning problems: a stopped car blocks the ego lane, the goal is in the
     next lane (left or right) about one horizon ahead."""
-    n = _check_int(n, "n")
+    n = check_count(n, "n", 1)
     out = []
     for _ in range(n):
         speed = float(rng.uniform(6.0, 14.0))

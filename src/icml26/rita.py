@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -32,6 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as fn
+
+from icml26.core import check_count
 
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 """Class names of the digits."""
@@ -67,14 +70,6 @@ def check_images(x) -> torch.Tensor:
     return x
 
 
-def _check_count(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
-
-
 # --- data and text --------------------------------------------------------------------------
 
 
@@ -108,8 +103,8 @@ def cross_fit_splits(n: int, seed: int, *, folds: int = 2, n_val: int = 0):
     the test set, the first ``n_val`` of the other parts are the validation set and the rest the
     training set. Every item is a test item exactly once.
     """
-    n = _check_count(n, "n", 2)
-    folds = _check_count(folds, "folds", 2)
+    n = check_count(n, "n", 2)
+    folds = check_count(folds, "folds", 2)
     if isinstance(n_val, bool) or not isinstance(n_val, (int, np.integer)) or n_val < 0:
         raise ValueError(f"n_val must be a non-negative integer, got {n_val}")
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
@@ -233,7 +228,7 @@ def train_mini_clip(images, labels, *, epochs: int = 15, batch: int = 64, lr: fl
     opt = Adam(list(model.parameters()), lr=lr)
     gen = torch.Generator().manual_seed(seed + 1)
     n = len(labels)
-    for _ in range(_check_count(epochs, "epochs")):
+    for _ in range(check_count(epochs, "epochs", 1)):
         order = torch.randperm(n, generator=gen)
         for start in range(0, n, batch):
             idx = order[start:start + batch]
@@ -259,7 +254,7 @@ def make_views(x: torch.Tensor, n_views: int, *, generator: torch.Generator | No
     ``erase_prob``, a 2x2 block set to zero; values are clipped to [0, 1].
     """
     check_images(x)
-    n_views = _check_count(n_views, "n_views")
+    n_views = check_count(n_views, "n_views", 1)
     b = x.shape[0]
     m = b * (n_views - 1)
     if m == 0:
@@ -291,20 +286,25 @@ def _check_attack(x, y, epsilon: float, steps: int,
     ``alpha`` defaults to ``epsilon / 4``."""
     check_images(x)
     epsilon = check_epsilon(epsilon)
-    steps = _check_count(steps, "steps")
+    steps = check_count(steps, "steps", 1)
     alpha = epsilon / 4 if alpha is None else check_epsilon(alpha)
     if not isinstance(y, torch.Tensor) or y.shape != (x.shape[0],):
         raise ValueError("labels must be a tensor of shape (B,)")
     return epsilon, steps, alpha
 
 
-def _ascend(x_adv: torch.Tensor, grad: torch.Tensor, x: torch.Tensor, alpha: float,
-            epsilon: float) -> torch.Tensor:
-    """One PGD step (``eq-rita-pgd``): ``alpha * sign(grad)`` up, then the projection onto the
-    ``epsilon``-ball around ``x`` and onto [0, 1]."""
-    with torch.no_grad():
-        x_adv = x_adv + alpha * grad.sign()
-        return torch.minimum(torch.maximum(x_adv, x - epsilon), x + epsilon).clamp(0, 1)
+def _ascend(x: torch.Tensor, loss_of: Callable[[torch.Tensor], torch.Tensor], epsilon: float,
+            steps: int, alpha: float) -> torch.Tensor:
+    """``steps`` PGD steps (``eq-rita-pgd``) on ``loss_of(iterate)``: ``alpha * sign(grad)`` up,
+    then the projection onto the ``epsilon``-ball around ``x`` and onto [0, 1]."""
+    x_adv = x.detach().clone()
+    for _ in range(steps):
+        x_adv.requires_grad_(True)
+        (grad,) = torch.autograd.grad(loss_of(x_adv), x_adv)
+        with torch.no_grad():
+            x_adv = x_adv + alpha * grad.sign()
+            x_adv = torch.minimum(torch.maximum(x_adv, x - epsilon), x + epsilon).clamp(0, 1)
+    return x_adv.detach()
 
 
 def pgd(model, x: torch.Tensor, y: torch.Tensor, epsilon: float, *, steps: int = 7,
@@ -316,13 +316,8 @@ def pgd(model, x: torch.Tensor, y: torch.Tensor, epsilon: float, *, steps: int =
     FGSM.
     """
     epsilon, steps, alpha = _check_attack(x, y, epsilon, steps, alpha)
-    x_adv = x.detach().clone()
-    for _ in range(steps):
-        x_adv.requires_grad_(True)
-        loss = fn.cross_entropy(model(x_adv), y, reduction="sum")
-        (grad,) = torch.autograd.grad(loss, x_adv)
-        x_adv = _ascend(x_adv, grad, x, alpha, epsilon)
-    return x_adv.detach()
+    return _ascend(x, lambda x_adv: fn.cross_entropy(model(x_adv), y, reduction="sum"),
+                   epsilon, steps, alpha)
 
 
 def eot_pgd(model, x: torch.Tensor, y: torch.Tensor, epsilon: float, *, n_views: int = 8,
@@ -335,18 +330,16 @@ def eot_pgd(model, x: torch.Tensor, y: torch.Tensor, epsilon: float, *, n_views:
     the defence will draw, nor the prompt step or the OT reading.
     """
     epsilon, steps, alpha = _check_attack(x, y, epsilon, steps, alpha)
-    n_views = _check_count(n_views, "n_views", 2)
+    n_views = check_count(n_views, "n_views", 2)
     gen = torch.Generator().manual_seed(seed)
-    x_adv = x.detach().clone()
-    for _ in range(steps):
-        x_adv.requires_grad_(True)
+
+    def loss_of(x_adv: torch.Tensor) -> torch.Tensor:
         views = make_views(x_adv, n_views, generator=gen)
         logp = model(views.reshape(-1, 1, 8, 8)).log_softmax(-1).reshape(len(x), n_views, -1)
         logp_y = logp.gather(2, y[:, None, None].expand(-1, n_views, 1))[..., 0]
-        loss = -(torch.logsumexp(logp_y, 1) - math.log(n_views)).sum()
-        (grad,) = torch.autograd.grad(loss, x_adv)
-        x_adv = _ascend(x_adv, grad, x, alpha, epsilon)
-    return x_adv.detach()
+        return -(torch.logsumexp(logp_y, 1) - math.log(n_views)).sum()
+
+    return _ascend(x, loss_of, epsilon, steps, alpha)
 
 
 def ot_margin(d: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -371,21 +364,19 @@ def ot_pgd(model, x: torch.Tensor, y: torch.Tensor, epsilon: float, *, n_views: 
     Without it, the trained prompts (the un-adapted OT reading).
     """
     epsilon, steps, alpha = _check_attack(x, y, epsilon, steps, alpha)
-    n_views = _check_count(n_views, "n_views", 2)
+    n_views = check_count(n_views, "n_views", 2)
     gen = torch.Generator().manual_seed(seed)
-    x_adv = x.detach().clone()
-    for _ in range(steps):
-        x_adv.requires_grad_(True)
+
+    def loss_of(x_adv: torch.Tensor) -> torch.Tensor:
         z = model.image_features(make_views(x_adv, n_views, generator=gen))
         if through_step:
             ctx = tuned_context(model, ViewBatch(z.detach()), lr=lr, reg=reg, n_iter=n_iter)
             text = model.text_features(ctx)
         else:
             text = model.text_features()
-        loss = ot_margin(ot_distances(z, text, reg, n_iter), y).sum()
-        (grad,) = torch.autograd.grad(loss, x_adv)
-        x_adv = _ascend(x_adv, grad, x, alpha, epsilon)
-    return x_adv.detach()
+        return ot_margin(ot_distances(z, text, reg, n_iter), y).sum()
+
+    return _ascend(x, loss_of, epsilon, steps, alpha)
 
 
 def fgsm(model, x: torch.Tensor, y: torch.Tensor, epsilon: float) -> torch.Tensor:
@@ -415,7 +406,7 @@ def sinkhorn(cost: torch.Tensor, a: torch.Tensor, b: torch.Tensor, reg: float,
     log_a, log_b = torch.log(a), torch.log(b)
     f = torch.zeros_like(cost[..., :, 0])
     g = torch.zeros_like(cost[..., 0, :])
-    for _ in range(_check_count(n_iter, "n_iter")):
+    for _ in range(check_count(n_iter, "n_iter", 1)):
         f = reg * (log_a - torch.logsumexp((g.unsqueeze(-2) - cost) / reg, dim=-1))
         g = reg * (log_b - torch.logsumexp((f.unsqueeze(-1) - cost) / reg, dim=-2))
     return torch.exp((f.unsqueeze(-1) + g.unsqueeze(-2) - cost) / reg)
