@@ -221,9 +221,15 @@ def test_small_study_runs_and_is_reproducible():
     for variant, metrics in first.metrics.items():
         for name, values in metrics.items():
             assert values.shape == (2,)
-            # atol: the control's exact twin has a held-out error of float32 rounding size
-            np.testing.assert_allclose(values, second.metrics[variant][name], rtol=1e-5,
-                                       atol=1e-5)
+            again = second.metrics[variant][name]
+            if (variant.setting, variant.twin, variant.weight, name) == (
+                    "control", "linear", 0.0, "heldout_mse"):
+                # the control's least-squares twin is exact: its held-out error is float32
+                # rounding (about 5e-5), whose digits can change between two runs on one machine
+                # (BLAS blocking depends on memory alignment), so it is checked to be rounding-sized
+                assert values.max() < 1e-3 and again.max() < 1e-3
+                continue
+            np.testing.assert_allclose(values, again, rtol=1e-5, atol=1e-7)
 
 
 def test_actuator_is_gymnasium_at_zero_and_cubic_at_one():
