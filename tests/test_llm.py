@@ -247,3 +247,44 @@ def test_corrupted_or_partial_cache_is_detected_and_rebuilt(lm, tmp_path):
     assert json.loads((copy / llm.MANIFEST).read_text())["gguf_sha256"] == digest
     for a, b in zip(rebuilt.model.parameters(), lm.model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.fixture(scope="module")
+def shared_prefix(lm):
+    parts = [llm.split_chat(lm, f"Tell me about {word}.", f" {word}.")
+             for word in ("bread", "ocean", "music")]
+    assert len({prefix for prefix, _ in parts}) == 1
+    return parts[0][0], [suffix for _, suffix in parts]
+
+
+def test_suffix_pass_equals_scoring_each_whole_prompt(lm, shared_prefix):
+    prefix, suffixes = shared_prefix
+    whole = llm.next_token_logprobs(lm, [prefix + suffix for suffix in suffixes])
+    torch.testing.assert_close(llm.suffix_pass(lm, prefix, suffixes), whole,
+                               atol=2e-4, rtol=1e-4)
+    stream = llm.hidden_states(lm, [prefix + suffix for suffix in suffixes], [12])[0, :, -1]
+    torch.testing.assert_close(llm.suffix_pass(lm, prefix, suffixes, read_layer=12), stream,
+                               atol=2e-4, rtol=1e-4)
+
+
+def test_suffix_pass_injects_on_the_suffix_tokens_only(lm, shared_prefix):
+    prefix, suffixes = shared_prefix
+    length = len(lm.tokenizer(suffixes[0], add_special_tokens=False)["input_ids"])
+    vectors = torch.randn(3, lm.d_model, generator=torch.Generator().manual_seed(0))
+    with llm.inject(lm, 6, vectors, scale=4.0, positions=list(range(-length, 0))):
+        whole = llm.next_token_logprobs(lm, [prefix + suffix for suffix in suffixes])
+    steered = llm.suffix_pass(lm, prefix, suffixes, vectors=vectors, layer=6, scale=4.0)
+    torch.testing.assert_close(steered, whole, atol=2e-4, rtol=1e-4)
+    assert (steered - llm.suffix_pass(lm, prefix, suffixes)).abs().max() > 0.1
+    assert _hook_count(lm) == 0
+
+
+def test_shared_prefix_helpers_reject_bad_input(lm, shared_prefix):
+    prefix, suffixes = shared_prefix
+    with pytest.raises(ValueError, match="same number of tokens"):
+        llm.suffix_pass(lm, prefix, [suffixes[0], suffixes[0] + " And more words."])
+    with pytest.raises(ValueError, match="does not occur"):
+        llm.split_chat(lm, "Tell me about bread.", " cheese")
+    with pytest.raises(ValueError, match="non-empty"):
+        llm.suffix_pass(lm, prefix, [])
+    assert _hook_count(lm) == 0

@@ -582,66 +582,6 @@ DETECTION_QUESTION = "Trial {trial}: do you detect an injected thought?"
 """Second part, from which on the injection is added (the trial number varies)."""
 
 
-class _StopPassError(Exception):
-    """Raised by a hook to end a forward pass once the layer it needs is read."""
-
-
-def _split_chat(lm, user: str, cut: str) -> tuple[str, str]:
-    from icml26 import llm
-
-    full = llm.chat(lm, user)
-    where = full.index(cut)
-    return full[:where], full[where:]
-
-
-def _suffix_pass(lm, prefix: str, suffixes: Sequence[str], *, read_layer: int | None = None,
-                 vectors: torch.Tensor | None = None, layer: int = 0,
-                 alpha: float = 1.0) -> torch.Tensor:
-    """One batched pass over ``suffixes`` after a shared ``prefix`` run once (its keys and values
-    reused). Returns the next-token log-probabilities at the last token, or, with
-    ``read_layer``, the residual stream entering that block at the last token (the pass stops
-    there). ``vectors`` (one row per suffix) are added at ``layer`` on every suffix token."""
-    from icml26 import llm
-
-    tok = lm.tokenizer
-    prefix_ids = tok(prefix, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    rows = [tok(s, add_special_tokens=False)["input_ids"] for s in suffixes]
-    if len({len(r) for r in rows}) != 1:
-        raise ValueError("every suffix must have the same number of tokens, got "
-                         f"{sorted({len(r) for r in rows})}")
-    suffix_ids = torch.tensor(rows)
-    n, length = suffix_ids.shape
-    start = prefix_ids.shape[1]
-    seen: list[torch.Tensor] = []
-    handles = []
-    steer = (contextlib.nullcontext() if vectors is None
-             else llm.inject(lm, layer, torch.as_tensor(vectors, dtype=torch.float32),
-                             scale=check_alpha(alpha)))
-    with torch.no_grad():
-        cache = lm.model.model(input_ids=prefix_ids, use_cache=True).cache
-    cache.batch_repeat_interleave(n)
-    if read_layer is not None:
-        (module,) = llm.stream_modules(lm, [read_layer])
-
-        def read(_module, args):
-            seen.append(args[0].detach()[:, -1])
-            raise _StopPassError
-
-        handles.append(module.register_forward_pre_hook(read))
-    try:
-        with torch.no_grad():
-            positions = torch.arange(start, start + length).expand(n, length)
-            with steer, contextlib.suppress(_StopPassError):
-                logits = lm.model(input_ids=suffix_ids, cache=cache, position_ids=positions,
-                                  logits_to_keep=1).logits[:, -1]
-    finally:
-        for handle in handles:
-            handle.remove()
-    if read_layer is not None:
-        return seen[0]
-    return torch.log_softmax(logits.float(), -1)
-
-
 def chat_concept_vectors(lm, words: Sequence[str], baseline: Sequence[str],
                          layer: int) -> torch.Tensor:
     r"""Concept vectors of eq-intro-concept on a chat model, shape ``(len(words), d)``.
@@ -653,15 +593,19 @@ def chat_concept_vectors(lm, words: Sequence[str], baseline: Sequence[str],
     words, baseline = list(words), list(baseline)
     if not words or not baseline:
         raise ValueError("need at least one word and one baseline word")
-    parts = [_split_chat(lm, f"Tell me about {w}.", f" {w}.") for w in (*words, *baseline)]
-    last = _suffix_pass(lm, parts[0][0], [s for _, s in parts], read_layer=layer)
+    from icml26 import llm
+
+    parts = [llm.split_chat(lm, f"Tell me about {w}.", f" {w}.") for w in (*words, *baseline)]
+    last = llm.suffix_pass(lm, parts[0][0], [s for _, s in parts], read_layer=layer)
     return last[:len(words)] - last[len(words):].mean(0)
 
 
 def detection_prompt_parts(lm, trial: int) -> tuple[str, str]:
     """The chat prompt of one trial split where the injection starts: ``(prefix, suffix)``."""
-    return _split_chat(lm, f"{DETECTION_PREFIX} {DETECTION_QUESTION.format(trial=trial)}",
-                       " Trial")
+    from icml26 import llm
+
+    return llm.split_chat(lm, f"{DETECTION_PREFIX} {DETECTION_QUESTION.format(trial=trial)}",
+                          " Trial")
 
 
 def chat_detection_logprobs(lm, trials: Sequence[int], vectors: torch.Tensor | None = None,
@@ -672,9 +616,11 @@ def chat_detection_logprobs(lm, trials: Sequence[int], vectors: torch.Tensor | N
     trials = [int(t) for t in trials]
     if not trials or not all(10 <= t <= 99 for t in trials):
         raise ValueError("trials must be a non-empty list of two-digit numbers")
+    from icml26 import llm
+
     parts = [detection_prompt_parts(lm, t) for t in trials]
-    return _suffix_pass(lm, parts[0][0], [s for _, s in parts], vectors=vectors, layer=layer,
-                        alpha=alpha)
+    return llm.suffix_pass(lm, parts[0][0], [s for _, s in parts], vectors=vectors, layer=layer,
+                           scale=check_alpha(alpha))
 
 
 def chat_detection_log_odds(lm, trials: Sequence[int], vectors: torch.Tensor | None = None,

@@ -21,6 +21,9 @@ dequantises it into a float32 PyTorch model; nothing is downloaded.
   adds a vector to it or replaces it (injection, steering) inside a ``with`` block that always
   removes its hooks; :func:`stream_modules` gives the modules whose inputs are those layers, for
   hooks of one's own.
+* **Shared prefixes.** :func:`suffix_pass` scores a batch of equally long suffixes after one
+  prefix run once (its key-value cache reused), with an optional injection on the suffixes or a
+  read of one layer; :func:`split_chat` cuts a chat prompt where the suffixes start.
 * **Unembedding.** :func:`unembedding` is the output matrix (tied to the embedding here) and
   :func:`logit_lens` reads any layer's residual stream through the final norm and it.
 """
@@ -420,6 +423,76 @@ def _positions(positions: int | Sequence[int] | None) -> list[int] | None:
         raise TypeError(f"positions must be an integer or a non-empty list of integers, "
                         f"got {positions!r}")
     return [int(p) for p in items]
+
+
+# --- Batches that share a prefix -----------------------------------------------------------
+
+
+class _StopPassError(Exception):
+    """Raised by a hook to end a forward pass once the layer it needs is read."""
+
+
+def split_chat(lm: LanguageModel, user: str, cut: str) -> tuple[str, str]:
+    """The chat prompt of ``user`` (:func:`chat`) split at the first occurrence of ``cut``:
+    ``(prefix, suffix)`` with ``suffix`` starting with ``cut``."""
+    _check_text(cut, "cut")
+    full = chat(lm, user)
+    if cut not in full:
+        raise ValueError(f"{cut!r} does not occur in the chat prompt")
+    where = full.index(cut)
+    return full[:where], full[where:]
+
+
+def suffix_pass(lm: LanguageModel, prefix: str, suffixes: Sequence[str], *,
+                read_layer: int | None = None, vectors: torch.Tensor | None = None,
+                layer: int = 0, scale: float = 1.0) -> torch.Tensor:
+    """One batched pass over ``suffixes`` after a shared ``prefix`` that runs once (its keys and
+    values are reused by every suffix), equal to scoring each ``prefix + suffix`` on its own.
+
+    Returns the next-token log-probabilities after each suffix, ``(batch, vocab)``, or, with
+    ``read_layer``, the residual stream entering that layer at each suffix's last token,
+    ``(batch, d)`` (the pass stops there). ``scale * vectors[i]`` (one row per suffix) is added
+    at ``layer`` on every token of suffix ``i``, the prefix untouched. The suffixes must have the
+    same number of tokens, so that they align without padding.
+    """
+    _check_text(prefix, "prefix")
+    suffixes = _check_prompts(list(suffixes))
+    tok = lm.tokenizer
+    prefix_ids = tok(prefix, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    rows = [tok(s, add_special_tokens=False)["input_ids"] for s in suffixes]
+    if len({len(r) for r in rows}) != 1:
+        raise ValueError("every suffix must have the same number of tokens, got "
+                         f"{sorted({len(r) for r in rows})}")
+    device = lm.model.device
+    suffix_ids = torch.tensor(rows, device=device)
+    n, length = suffix_ids.shape
+    start = prefix_ids.shape[1]
+    steer = (contextlib.nullcontext() if vectors is None
+             else inject(lm, layer, torch.as_tensor(vectors, dtype=torch.float32), scale=scale))
+    with torch.no_grad():
+        cache = lm.model.model(input_ids=prefix_ids.to(device), use_cache=True).cache
+    cache.batch_repeat_interleave(n)
+    seen: list[torch.Tensor] = []
+    handles = []
+    if read_layer is not None:
+        (module,) = stream_modules(lm, [read_layer])
+
+        def read(_module, args):
+            seen.append(args[0].detach()[:, -1])
+            raise _StopPassError
+
+        handles.append(module.register_forward_pre_hook(read))
+    try:
+        positions = torch.arange(start, start + length, device=device).expand(n, length)
+        with torch.no_grad(), steer, contextlib.suppress(_StopPassError):
+            logits = lm.model(input_ids=suffix_ids, cache=cache, position_ids=positions,
+                              logits_to_keep=1).logits[:, -1]
+    finally:
+        for handle in handles:
+            handle.remove()
+    if read_layer is not None:
+        return seen[0]
+    return torch.log_softmax(logits.float(), -1)
 
 
 # --- Unembedding ----------------------------------------------------------------------------
