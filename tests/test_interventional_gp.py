@@ -619,3 +619,14 @@ def test_bias_share_separates_a_constant_offset_from_noise():
     assert ex.bias_share(results) == pytest.approx(0.5, abs=0.03)
     with pytest.raises(ValueError, match="two data sets"):
         ex.bias_share(results[:1])
+
+
+def test_backdoor_rmse_shares_the_outcome_stage_and_matches_separate_fits():
+    problem = sim.diabetes_backdoor(4, 8, n=60)
+    shared = ex.backdoor_rmse(problem, max_iter=15)
+    truth = problem.truth()
+    for label, adjust in (("adjusted", True), ("unadjusted", False)):
+        fit = ex.fit_impspec(problem.observed(adjust=adjust), problem.intervention(adjust=adjust),
+                             max_iter=15)
+        separate = np.sqrt(np.mean((fit.posterior.mean.numpy() - truth) ** 2))
+        assert shared[label] == pytest.approx(separate, rel=1e-9)

@@ -36,6 +36,7 @@ from .experiments import (
     Metrics,
     SeedResult,
     StudySummary,
+    backdoor_rmse,
     bias_share,
     evaluate,
     fit_bayesimp,
@@ -87,7 +88,7 @@ from .training import (
 )
 
 __all__ = [
-    "bias_share", "misplaced_target",
+    "backdoor_rmse", "bias_share", "misplaced_target",
     "BACKDOOR", "BACKDOOR_GRAPH", "BENCHMARK_CHAIN", "BOTrace", "CalibrationResult",
     "DiabetesBackdoor", "Estimate", "Fit", "FusedData", "GPStage", "GaussianKernel",
     "GaussianMeasure", "ImpspecPosterior", "Intervention", "LABELS", "LEVELS", "MEDIATOR_CHAIN",
