@@ -264,6 +264,25 @@ def top_k(sims: np.ndarray, k: int, threshold: float) -> np.ndarray:
     return idx[sims[idx] >= threshold]
 
 
+def seed_stale(bank: MemoryBank, world: World, per_family: int, seed: int = 0,
+               spread: float = 0.3) -> None:
+    """Write ``per_family`` stale, misleading entries for every family into ``bank`` (in place).
+
+    Each entry is keyed near its family's rule, ``normalise(u_f + spread * xi)``, so the family's
+    queries retrieve it ahead of the memories keyed at their own embeddings, and its value is the
+    answer of a query that no longer exists (a random unit vector of shortcut content 1 and
+    abstraction 0, source ``-1``): every query that retrieves it is misled. Only an UPDATE
+    overwriting it removes it from an unbounded bank; the positive control for management.
+    """
+    per_family = check_count(per_family, "per_family", 0)
+    rng = np.random.default_rng([int(seed), 7919])
+    for f in range(world.rules.shape[0]):
+        for _ in range(per_family):
+            key = _unit(world.rules[f] + spread * rng.normal(size=world.dim) / np.sqrt(world.dim))
+            value = _unit(rng.normal(size=world.dim))
+            bank.write(key, value, -1, 0.0, 1.0)
+
+
 # --- the executor --------------------------------------------------------------------------------
 
 
@@ -483,6 +502,36 @@ def expected_alpha(p_extract: np.ndarray) -> float:
     return float(p @ np.array(ALPHAS) / p.sum())
 
 
+class RuleManagement:
+    """A trained policy's extraction head with a hand-written management rule in place of its own.
+
+    The rule overwrites the retrieved entry of lowest abstraction level when that entry is
+    shortcut-laden (level below ``keep``) or when an ADD would evict the bank's oldest entry, and
+    adds otherwise. It reads only the policy's input features, so it sees what the management head
+    sees; it is the management an informed designer would write, used to measure how much
+    leverage management has in a world, apart from whether GRPO can learn it.
+    """
+
+    def __init__(self, policy: MemPolicy, keep: float = 0.5):
+        self.policy = policy
+        self.dim = policy.dim
+        self.keep = _check_real(keep, "keep")
+
+    def probabilities(self, x: np.ndarray, manage_mask: np.ndarray):
+        p_ext, _ = self.policy.probabilities(x, manage_mask)
+        x = np.asarray(x, dtype=float)
+        slots = x[self.dim + 3:].reshape(TOP_K, 3)
+        occupied = np.flatnonzero(slots[:, 2] > 0.5)
+        p_man = np.zeros(N_MANAGE)
+        if occupied.size:
+            weakest = int(occupied[np.argmin(slots[occupied, 1])])
+            if slots[weakest, 1] < self.keep or x[self.dim + 2] > 0.5:
+                p_man[1 + weakest] = 1.0
+                return p_ext, p_man
+        p_man[0] = 1.0
+        return p_ext, p_man
+
+
 # --- one step of the agent -----------------------------------------------------------------------
 
 
@@ -648,7 +697,8 @@ class TrainConfig:
     """GRPO settings; ``neighbourhood=0`` means the source-only reward (no SNM).
 
     ``common_random_numbers=False`` (the released reward) draws every execution of the reward
-    afresh; ``capacity`` caps the training bank (``None``: unbounded).
+    afresh; ``capacity`` caps the training bank (``None``: unbounded); ``stale`` seeds the
+    training bank with that many misleading entries per family (:func:`seed_stale`).
     """
 
     neighbourhood: int = 3
@@ -667,6 +717,7 @@ class TrainConfig:
     hidden: int = 32
     common_random_numbers: bool = False
     capacity: int | None = None
+    stale: int = 0
 
     def __post_init__(self):
         check_count(self.neighbourhood, "neighbourhood", 0)
@@ -678,6 +729,7 @@ class TrainConfig:
         check_positive(self.lr, "lr")
         if self.capacity is not None:
             check_count(self.capacity, "capacity", 1)
+        check_count(self.stale, "stale", 0)
         if self.reward not in ("paper", "code"):
             raise ValueError(f"reward must be 'paper' or 'code', got {self.reward!r}")
 
@@ -688,6 +740,7 @@ class TrainResult:
     mean_reward: list = field(default_factory=list)  # per minibatch
     mean_alpha: list = field(default_factory=list)  # expected alpha per minibatch
     bank_size: int = 0
+    stale_left: int = 0  # stale entries (source -1, :func:`seed_stale`) left in the training bank
 
 
 def neighbourhood_targets(world: World, config: TrainConfig) -> dict[int, np.ndarray]:
@@ -715,6 +768,7 @@ def train_policy(world: World, executor: Executor, config: TrainConfig, seed: in
     optimiser = torch.optim.Adam(policy.parameters(), lr=config.lr)
     targets = neighbourhood_targets(world, config)
     bank = MemoryBank(world.dim, 256, limit=config.capacity)
+    seed_stale(bank, world, config.stale, seed)
     result = TrainResult(policy)
     buffer: list = []
     G = config.group_size
@@ -740,6 +794,7 @@ def train_policy(world: World, executor: Executor, config: TrainConfig, seed: in
             result.mean_alpha.append(float(np.mean([b[6] for b in buffer])))
             buffer = []
     result.bank_size = len(bank)
+    result.stale_left = int(np.sum(bank.source[: len(bank)] == -1))
     return result
 
 
@@ -788,11 +843,15 @@ class StreamResult:
         return np.cumsum(self.probability) / np.arange(1, self.probability.size + 1)
 
 
-def stream(world: World, executor: Executor, policy: MemPolicy | None, queries, seed: int = 0,
-           threshold: float = 0.5, capacity: int | None = None) -> StreamResult:
+def stream(world: World, executor: Executor, policy: MemPolicy | RuleManagement | None, queries,
+           seed: int = 0,
+           threshold: float = 0.5, capacity: int | None = None,
+           stale: int = 0) -> StreamResult:
     """Zero-reset streaming: an empty bank, the queries in a random order, the policy writing.
 
-    ``policy=None`` is the no-memory agent; ``capacity`` caps the bank (``None``: unbounded).
+    ``policy=None`` is the no-memory agent; ``capacity`` caps the bank (``None``: unbounded);
+    ``stale > 0`` starts from a bank holding that many misleading entries per family instead of
+    an empty one (:func:`seed_stale`, the same entries for every agent of a stream seed).
     Accuracy is recorded as the executor's exact success
     probability at each step (an unbiased, lower-variance stand-in for the 0/1 outcome); the bank
     evolves with the sampled outcome, as it would in deployment.
@@ -803,6 +862,7 @@ def stream(world: World, executor: Executor, policy: MemPolicy | None, queries, 
     rng = np.random.default_rng(seed)
     order = rng.permutation(queries)
     bank = MemoryBank(world.dim, 128, limit=capacity)
+    seed_stale(bank, world, stale, seed)
     prob, length, alpha = (np.full(order.size, np.nan) for _ in range(3))
     operation = np.full(order.size, -1)
     for i, q in enumerate(order):
@@ -850,13 +910,15 @@ class Evaluation:
     cpu_seconds: float = 0.0  # CPU time of training
 
 
-def evaluate(world: World, executor: Executor, policy: MemPolicy | None, n_streams: int = 3,
-             seed: int = 0, threshold: float = 0.5, capacity: int | None = None) -> Evaluation:
+def evaluate(world: World, executor: Executor, policy: MemPolicy | RuleManagement | None,
+             n_streams: int = 3, seed: int = 0, threshold: float = 0.5, capacity: int | None = None,
+             stale: int = 0) -> Evaluation:
     """Zero-reset streams over ``world.test`` and ``world.ood``, averaged over stream orders."""
     n_streams = check_count(n_streams, "n_streams", 1)
-    ind = [stream(world, executor, policy, world.test, seed + s, threshold, capacity)
+    ind = [stream(world, executor, policy, world.test, seed + s, threshold, capacity, stale)
            for s in range(n_streams)]
-    ood = ([stream(world, executor, policy, world.ood, seed + 1000 + s, threshold, capacity)
+    ood = ([stream(world, executor, policy, world.ood, seed + 1000 + s, threshold, capacity,
+                   stale)
             for s in range(n_streams)] if world.ood.size else ind)
     def add_rate(results) -> float:
         ops = np.concatenate([r.operation for r in results])
@@ -879,11 +941,15 @@ def evaluate(world: World, executor: Executor, policy: MemPolicy | None, n_strea
 
 def run_replicate(seed: int, executor: Executor, world_kwargs: dict | None = None,
                   train_kwargs: dict | None = None, variants: dict | None = None,
-                  n_streams: int = 3, baselines: bool = True) -> dict[str, Evaluation]:
+                  n_streams: int = 3, baselines: bool = True,
+                  managed: tuple = ()) -> dict[str, Evaluation]:
     """One world, every agent: no memory, the untrained policy, and each trained variant.
 
-    ``train_kwargs["capacity"]`` caps the bank in training and in the evaluation streams alike;
-    ``baselines=False`` skips the no-memory and untrained agents.
+    ``train_kwargs["capacity"]`` caps the bank and ``train_kwargs["stale"]`` seeds it with
+    misleading entries, in training and in the evaluation streams alike;
+    ``baselines=False`` skips the no-memory and untrained agents; each variant named in
+    ``managed`` is evaluated a second time with :class:`RuleManagement` in place of its own
+    management head, under the name ``"<variant> + rule management"``.
 
     Every trained variant starts from the same initial policy (the untrained one), sees the same
     world, the same number of GRPO updates and the same seed; only the reward's targets and the
@@ -895,8 +961,10 @@ def run_replicate(seed: int, executor: Executor, world_kwargs: dict | None = Non
     torch.manual_seed(seed)
     initial = MemPolicy(world.dim)
     cap = (train_kwargs or {}).get("capacity")
+    stale = dict(stale=(train_kwargs or {}).get("stale", 0))
     out = ({"no memory": evaluate(world, executor, None, n_streams, seed, capacity=cap),
-            "untrained": evaluate(world, executor, initial, n_streams, seed, capacity=cap)}
+            "untrained": evaluate(world, executor, initial, n_streams, seed, capacity=cap,
+                                  **stale)}
            if baselines else {})
     for name, overrides in (VARIANTS if variants is None else variants).items():
         config = TrainConfig(**{**(train_kwargs or {}), **overrides})
@@ -904,8 +972,12 @@ def run_replicate(seed: int, executor: Executor, world_kwargs: dict | None = Non
         trained = train_policy(world, executor, config, seed, copy.deepcopy(initial))
         cpu = time.process_time() - start
         out[name] = evaluate(world, executor, trained.policy, n_streams, seed,
-                             capacity=config.capacity)
+                             capacity=config.capacity, stale=config.stale)
         out[name].cpu_seconds = cpu
+        if name in managed:
+            out[f"{name} + rule management"] = evaluate(
+                world, executor, RuleManagement(trained.policy), n_streams, seed,
+                capacity=config.capacity, stale=config.stale)
     return out
 
 
