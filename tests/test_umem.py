@@ -494,3 +494,41 @@ def test_online_evolution_clears_the_training_families_stale_entries(world):
     assert result.stale_left <= 4 * held_out_families + 2
     with pytest.raises(ValueError):
         um.TrainConfig(stale=-1)
+
+
+def test_learned_executor_is_deterministic_and_learns_to_use_memories(world):
+    a = um.train_executor(world, episodes=500, steps=100, seed=1)
+    b = um.train_executor(world, episodes=500, steps=100, seed=1)
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    np.testing.assert_allclose(np.linalg.norm(um.answers(world), axis=1), 1.0)
+    probe = world.test
+    none = um.learned_success(a, world, probe)
+    answer = um.learned_success(a, world, probe, um.answers(world)[probe], 1.0)
+    assert answer.mean() > none.mean() + 0.1
+    # no memory: the values are ignored, whatever they are
+    e = torch.as_tensor(world.embeddings[probe], dtype=torch.float32)
+    y = torch.as_tensor(um.answers(world)[probe], dtype=torch.float32)
+    junk = torch.randn(probe.size, um.TOP_K, world.dim)
+    with torch.no_grad():
+        p = a.success_probability(e, junk, torch.zeros(probe.size, um.TOP_K),
+                                  torch.zeros(probe.size, um.TOP_K), y)
+    np.testing.assert_allclose(p.double().numpy(), none, rtol=1e-6)
+
+
+def test_learned_reward_curves_match_a_direct_computation(world):
+    model = um.train_executor(world, episodes=300, steps=50, seed=2)
+    curves = um.learned_reward_curves(model, world, 3, draws=2, seed=4)
+    rng = np.random.default_rng(4)
+    s = um.Executor().insight_noise_success
+    insights = um._unit(world.rules[world.family[world.train]][:, None, :]
+                        + s * rng.normal(size=(world.train.size, 2, world.dim))
+                        / np.sqrt(world.dim))
+    for a, alpha in enumerate(um.ALPHAS):
+        total = 0.0
+        for row, q in enumerate(world.train):
+            for k in range(2):
+                v = um.extract_memory(alpha, insights[row, k], world.shortcuts[q])
+                total += (um.learned_success(model, world, [q], v, 1.0)
+                          - um.learned_success(model, world, [q]))[0]
+        assert curves["source"][a] == pytest.approx(total / (2 * world.train.size), abs=1e-6)

@@ -21,6 +21,9 @@ The LLMs of the paper are replaced, the algorithm is kept:
   (as the released reward) or common random numbers (for the closed form);
 * **GRPO** (:func:`group_advantages`, :func:`grpo_loss`, ``eq-umem-grpo``) with online memory
   evolution (:func:`train_policy`), and zero-reset streaming evaluation (:func:`stream`);
+* a **learned executor** (:class:`LearnedExecutor`, ``eq-umem-learned``) trained once to answer
+  from the query and its retrieved memories (:func:`train_executor`), with the lone-memory
+  curves it implies (:func:`learned_reward_curves`);
 * closed forms that say what the world itself predicts: the exact expected reward of a lone
   memory of each abstraction level on any set of targets (:func:`lone_memory_gains`,
   :func:`expected_gain_by_alpha`), and the neighbourhood lemma on many pairs at once
@@ -1105,3 +1108,146 @@ def reward_curves(world: World, executor: Executor, sizes=(1, 3, 5), draws: int 
             out["held-out"] += lone_memory_gains(world, executor, q, insights, held_out,
                                                  False, -np.inf).mean(0)
     return {key: value / len(world.train) for key, value in out.items()}
+
+
+# --- a learned executor --------------------------------------------------------------------------
+
+GRADE_SHARPNESS = 8.0
+"""Sharpness ``kappa`` of the grader of the learned executor's answers (``eq-umem-learned``)."""
+GRADE_BAR = 0.75
+"""Cosine ``theta`` at which a graded answer succeeds with probability one half."""
+
+
+def answers(world: World) -> np.ndarray:
+    """The answer ``y_q = normalise(u_f + a_q)`` of every query: a rule and an instance part."""
+    return _unit(world.rules[world.family] + world.shortcuts)
+
+
+class LearnedExecutor(nn.Module):
+    """A small executor trained to answer from the query and its retrieved memories.
+
+    ``y_hat = A e(q) + exp(g) B sum_m softmax_m(tau s_m) v_m`` over the retrieved values ``v_m``
+    with key similarities ``s_m``; the answer succeeds with probability
+    ``sigmoid(kappa (cos(y_hat, y_q) - theta))`` (``eq-umem-learned``). Nothing in it says which
+    memory helps or misleads: that is learned from episodes (:func:`train_executor`).
+    """
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = check_count(dim, "dim", 1)
+        self.prior = nn.Linear(dim, dim, bias=False)
+        self.read = nn.Linear(dim, dim, bias=False)
+        self.temperature = nn.Parameter(torch.tensor(1.0))
+        self.gate = nn.Parameter(torch.tensor(0.0))
+
+    def forward(self, e, values, sims, mask) -> torch.Tensor:
+        """The answer vector ``y_hat`` for queries ``e`` (n, d) and memories (n, slots, d)."""
+        any_memory = mask.sum(-1, keepdim=True) > 0
+        weights = torch.softmax(self.temperature * sims + torch.log(mask + 1e-9), -1) * any_memory
+        read = self.read((weights[..., None] * values).sum(1))
+        return self.prior(e) + torch.exp(self.gate) * read
+
+    def success_probability(self, e, values, sims, mask, y) -> torch.Tensor:
+        cos = (nn.functional.normalize(self(e, values, sims, mask), dim=-1) * y).sum(-1)
+        return torch.sigmoid(GRADE_SHARPNESS * (cos - GRADE_BAR))
+
+
+def executor_episodes(world: World, n: int, rng: np.random.Generator, own_share: float = 0.3,
+                      insight_noise: float = 0.6):
+    """``n`` training episodes for :class:`LearnedExecutor`: a training query and 0-3 memories.
+
+    Each memory was written from the query itself (probability ``own_share``) or from another
+    training query of its family, at a random abstraction level (``eq-umem-extract``). Returns
+    tensors ``(e, values, sims, mask, y)``.
+    """
+    n = check_count(n, "episodes", 1)
+    d = world.dim
+    q = rng.choice(world.train, size=n)
+    count = rng.integers(0, TOP_K + 1, size=n)
+    mask = np.arange(TOP_K)[None, :] < count[:, None]
+    same = [world.train[world.family[world.train] == f] for f in range(world.rules.shape[0])]
+    src = np.where(rng.uniform(size=(n, TOP_K)) < own_share, q[:, None],
+                   np.stack([rng.choice(same[world.family[qi]], size=TOP_K) for qi in q]))
+    alpha = np.asarray(ALPHAS)[rng.integers(0, len(ALPHAS), size=(n, TOP_K))][..., None]
+    insight = _unit(world.rules[world.family[src]]
+                    + insight_noise * rng.normal(size=(n, TOP_K, d)) / np.sqrt(d))
+    values = _unit(alpha * insight + (1 - alpha) * world.shortcuts[src]) * mask[..., None]
+    sims = np.where(mask, np.einsum("nd,nkd->nk", world.embeddings[q], world.embeddings[src]),
+                    -1.0)
+    as_tensor = lambda x: torch.as_tensor(x, dtype=torch.float32)  # noqa: E731
+    return (as_tensor(world.embeddings[q]), as_tensor(values), as_tensor(sims), as_tensor(mask),
+            as_tensor(answers(world)[q]))
+
+
+def train_executor(world: World, episodes: int = 3000, steps: int = 300, lr: float = 0.02,
+                   seed: int = 0) -> LearnedExecutor:
+    """Train a :class:`LearnedExecutor` once, by full-batch Adam on the log success probability."""
+    steps = check_count(steps, "steps", 1)
+    rng = np.random.default_rng([seed, 31])
+    data = executor_episodes(world, episodes, rng)
+    torch.manual_seed(seed)
+    model = LearnedExecutor(world.dim)
+    optimiser = torch.optim.Adam(model.parameters(), lr=lr)
+    for _ in range(steps):
+        loss = -torch.log(model.success_probability(*data) + 1e-9).mean()
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    return model.requires_grad_(False)
+
+
+@torch.no_grad()
+def learned_success(model: LearnedExecutor, world: World, queries, values=None,
+                    sims=None) -> np.ndarray:
+    """Success probability of each query with one memory (row of ``values``, key similarity
+    ``sims``) or with none (``values=None``)."""
+    queries = np.asarray(queries, dtype=int)
+    n, d = queries.size, world.dim
+    e = torch.as_tensor(world.embeddings[queries], dtype=torch.float32)
+    y = torch.as_tensor(answers(world)[queries], dtype=torch.float32)
+    slots, sim, mask = torch.zeros(n, TOP_K, d), torch.full((n, TOP_K), -1.0), torch.zeros(n, TOP_K)
+    if values is not None:
+        slots[:, 0] = torch.as_tensor(np.array(np.broadcast_to(values, (n, d))),
+                                      dtype=torch.float32)
+        sim[:, 0] = torch.as_tensor(np.array(np.broadcast_to(sims, (n,))), dtype=torch.float32)
+        mask[:, 0] = 1.0
+    return model.success_probability(e, slots, sim, mask, y).double().numpy()
+
+
+def learned_reward_curves(model: LearnedExecutor, world: World, n: int = 3, draws: int = 4,
+                          seed: int = 0, threshold: float = 0.5) -> dict:
+    """:func:`reward_curves` for the learned executor: expected success gain of a lone memory.
+
+    Per abstraction level, averaged over the training queries and ``draws`` insights: on the
+    source query (key similarity 1), on ``NN_n(q)`` (a target whose similarity to the key is
+    below ``threshold`` does not retrieve it and gains 0), and on the held-out queries of the
+    same family (retrieval assumed, as in :func:`reward_curves`).
+    """
+    draws = check_count(draws, "draws", 1)
+    rng = np.random.default_rng(seed)
+    train = world.train
+    neighbours = semantic_neighbourhood(world.embeddings, train, n)
+    pairs = {"source": (np.arange(train.size), train),
+             n: (np.repeat(np.arange(train.size), n), neighbours.ravel())}
+    held = [(row, t) for row, q in enumerate(train)
+            for t in world.test[world.family[world.test] == world.family[q]]]
+    if held:
+        pairs["held-out"] = tuple(np.array(x) for x in zip(*held, strict=True))
+    base = learned_success(model, world, np.arange(world.family.size))
+    s = Executor().insight_noise_success
+    insights = _unit(world.rules[world.family[train]][:, None, :]
+                     + s * rng.normal(size=(train.size, draws, world.dim)) / np.sqrt(world.dim))
+    out = {key: np.zeros(len(ALPHAS)) for key in pairs}
+    for a, alpha in enumerate(ALPHAS):
+        for k in range(draws):
+            values = _unit(alpha * insights[:, k] + (1 - alpha) * world.shortcuts[train])
+            for key, (rows, targets) in pairs.items():
+                sims = np.einsum("nd,nd->n", world.embeddings[targets],
+                                 world.embeddings[train[rows]])
+                gain = learned_success(model, world, targets, values[rows], sims) - base[targets]
+                if key != "held-out":
+                    gain = np.where(sims >= threshold, gain, 0.0)
+                per_query = np.bincount(rows, gain, train.size) / np.maximum(
+                    np.bincount(rows, minlength=train.size), 1)
+                out[key][a] += per_query[np.bincount(rows, minlength=train.size) > 0].mean()
+    return {key: value / draws for key, value in out.items()}
