@@ -518,7 +518,8 @@ def test_learned_executor_is_deterministic_and_learns_to_use_memories(world):
 
 def test_learned_reward_curves_match_a_direct_computation(world):
     model = um.train_executor(world, episodes=300, steps=50, seed=2)
-    curves = um.learned_reward_curves(model, world, 3, draws=2, seed=4)
+    curves = um.learned_reward_curves(model, world, (1, 3), draws=2, seed=4)
+    assert set(curves) == {"source", 1, 3, "held-out"}
     rng = np.random.default_rng(4)
     s = um.Executor().insight_noise_success
     insights = um._unit(world.rules[world.family[world.train]][:, None, :]

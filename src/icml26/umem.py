@@ -1126,8 +1126,8 @@ def answers(world: World) -> np.ndarray:
 class LearnedExecutor(nn.Module):
     """A small executor trained to answer from the query and its retrieved memories.
 
-    ``y_hat = A e(q) + exp(g) B sum_m softmax_m(tau s_m) v_m`` over the retrieved values ``v_m``
-    with key similarities ``s_m``; the answer succeeds with probability
+    ``y_hat = Phi e(q) + exp(gamma) Psi sum_m softmax_m(omega sim_m) v_m`` over the retrieved
+    values ``v_m`` with key similarities ``sim_m``; the answer succeeds with probability
     ``sigmoid(kappa (cos(y_hat, y_q) - theta))`` (``eq-umem-learned``). Nothing in it says which
     memory helps or misleads: that is learned from episodes (:func:`train_executor`).
     """
@@ -1214,21 +1214,23 @@ def learned_success(model: LearnedExecutor, world: World, queries, values=None,
     return model.success_probability(e, slots, sim, mask, y).double().numpy()
 
 
-def learned_reward_curves(model: LearnedExecutor, world: World, n: int = 3, draws: int = 4,
+def learned_reward_curves(model: LearnedExecutor, world: World, sizes=(3,), draws: int = 4,
                           seed: int = 0, threshold: float = 0.5) -> dict:
     """:func:`reward_curves` for the learned executor: expected success gain of a lone memory.
 
     Per abstraction level, averaged over the training queries and ``draws`` insights: on the
-    source query (key similarity 1), on ``NN_n(q)`` (a target whose similarity to the key is
+    source query (key similarity 1), on ``NN_n(q)`` for each ``n`` in ``sizes`` (a target whose
+    similarity to the key is
     below ``threshold`` does not retrieve it and gains 0), and on the held-out queries of the
     same family (retrieval assumed, as in :func:`reward_curves`).
     """
     draws = check_count(draws, "draws", 1)
     rng = np.random.default_rng(seed)
     train = world.train
-    neighbours = semantic_neighbourhood(world.embeddings, train, n)
-    pairs = {"source": (np.arange(train.size), train),
-             n: (np.repeat(np.arange(train.size), n), neighbours.ravel())}
+    pairs = {"source": (np.arange(train.size), train)}
+    for n in sizes:
+        neighbours = semantic_neighbourhood(world.embeddings, train, n)
+        pairs[n] = (np.repeat(np.arange(train.size), n), neighbours.ravel())
     held = [(row, t) for row, q in enumerate(train)
             for t in world.test[world.family[world.test] == world.family[q]]]
     if held:
