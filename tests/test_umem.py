@@ -444,3 +444,92 @@ def test_sibling_families_lower_neighbour_purity():
 
     assert purity(um.make_world(seed=0)) > 0.9
     assert 0.55 < purity(um.make_world(seed=0, sibling_spread=0.4)) < 0.9
+
+
+def test_stale_entries_mislead_until_an_update_overwrites_them(world):
+    ex = um.Executor()
+    bank = um.MemoryBank(world.dim)
+    um.seed_stale(bank, world, 2, seed=5)
+    assert len(bank) == 2 * world.rules.shape[0] and np.all(bank.source[: len(bank)] == -1)
+    again = um.MemoryBank(world.dim)
+    um.seed_stale(again, world, 2, seed=5)
+    np.testing.assert_array_equal(bank.values, again.values)  # deterministic given the seed
+    rng = np.random.default_rng(0)
+    p0 = ex.success_probability(0, 0, 0)
+    first_stale, probs = [], []
+    for q in world.test:
+        step = um.observe(world, ex, bank, int(q), rng)
+        first_stale.append(step.retrieved.size > 0 and bank.source[step.retrieved[0]] == -1)
+        probs.append(step.probability)
+    assert np.mean(first_stale) > 0.9 and np.mean(probs) < p0  # retrieved first, and misleading
+    q = int(world.test[0])
+    step = um.observe(world, ex, bank, q, rng)
+    added = bank.copy()
+    um.apply_action(added, world, q, step, len(um.ALPHAS) - 1, 0)  # ADD keeps every stale entry
+    assert np.sum(added.source[: len(added)] == -1) == len(bank)
+    updated = bank.copy()
+    um.apply_action(updated, world, q, step, len(um.ALPHAS) - 1, 1)  # UPDATE overwrites one
+    assert np.sum(updated.source[: len(updated)] == -1) == len(bank) - 1
+
+
+def test_rule_management_overwrites_the_weakest_entry_when_it_should(world):
+    torch.manual_seed(0)
+    policy = um.MemPolicy(world.dim)
+    rule = um.RuleManagement(policy)
+    q = int(world.train[0])
+    mask = np.array([True, True, True, False])
+    for alphas, full, expected in (((1.0, 0.25), False, 2), ((1.0, 0.75), False, 0),
+                                   ((1.0, 0.75), True, 2), ((), False, 0)):
+        x = um.policy_features(world, q, 1, 900.0, 1000.0, np.full(len(alphas), 0.7),
+                               np.array(alphas), full)
+        p_ext, p_man = rule.probabilities(x, mask)
+        np.testing.assert_allclose(p_ext, policy.probabilities(x, mask)[0])
+        assert p_man[expected] == 1.0 and p_man.sum() == 1.0
+
+
+def test_online_evolution_clears_the_training_families_stale_entries(world):
+    config = um.TrainConfig(stale=4, epochs=2, batch_queries=8)
+    result = um.train_policy(world, um.Executor(), config, seed=0)
+    held_out_families = world.rules.shape[0] - len(np.unique(world.family[world.train]))
+    assert result.stale_left <= 4 * held_out_families + 2
+    with pytest.raises(ValueError):
+        um.TrainConfig(stale=-1)
+
+
+def test_learned_executor_is_deterministic_and_learns_to_use_memories(world):
+    a = um.train_executor(world, episodes=500, steps=100, seed=1)
+    b = um.train_executor(world, episodes=500, steps=100, seed=1)
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    np.testing.assert_allclose(np.linalg.norm(um.answers(world), axis=1), 1.0)
+    probe = world.test
+    none = um.learned_success(a, world, probe)
+    answer = um.learned_success(a, world, probe, um.answers(world)[probe], 1.0)
+    assert answer.mean() > none.mean() + 0.1
+    # no memory: the values are ignored, whatever they are
+    e = torch.as_tensor(world.embeddings[probe], dtype=torch.float32)
+    y = torch.as_tensor(um.answers(world)[probe], dtype=torch.float32)
+    junk = torch.randn(probe.size, um.TOP_K, world.dim)
+    with torch.no_grad():
+        p = a.success_probability(e, junk, torch.zeros(probe.size, um.TOP_K),
+                                  torch.zeros(probe.size, um.TOP_K), y)
+    np.testing.assert_allclose(p.double().numpy(), none, rtol=1e-6)
+
+
+def test_learned_reward_curves_match_a_direct_computation(world):
+    model = um.train_executor(world, episodes=300, steps=50, seed=2)
+    curves = um.learned_reward_curves(model, world, (1, 3), draws=2, seed=4)
+    assert set(curves) == {"source", 1, 3, "held-out"}
+    rng = np.random.default_rng(4)
+    s = um.Executor().insight_noise_success
+    insights = um._unit(world.rules[world.family[world.train]][:, None, :]
+                        + s * rng.normal(size=(world.train.size, 2, world.dim))
+                        / np.sqrt(world.dim))
+    for a, alpha in enumerate(um.ALPHAS):
+        total = 0.0
+        for row, q in enumerate(world.train):
+            for k in range(2):
+                v = um.extract_memory(alpha, insights[row, k], world.shortcuts[q])
+                total += (um.learned_success(model, world, [q], v, 1.0)
+                          - um.learned_success(model, world, [q]))[0]
+        assert curves["source"][a] == pytest.approx(total / (2 * world.train.size), abs=1e-6)

@@ -21,6 +21,9 @@ The LLMs of the paper are replaced, the algorithm is kept:
   (as the released reward) or common random numbers (for the closed form);
 * **GRPO** (:func:`group_advantages`, :func:`grpo_loss`, ``eq-umem-grpo``) with online memory
   evolution (:func:`train_policy`), and zero-reset streaming evaluation (:func:`stream`);
+* a **learned executor** (:class:`LearnedExecutor`, ``eq-umem-learned``) trained once to answer
+  from the query and its retrieved memories (:func:`train_executor`), with the lone-memory
+  curves it implies (:func:`learned_reward_curves`);
 * closed forms that say what the world itself predicts: the exact expected reward of a lone
   memory of each abstraction level on any set of targets (:func:`lone_memory_gains`,
   :func:`expected_gain_by_alpha`), and the neighbourhood lemma on many pairs at once
@@ -264,6 +267,25 @@ def top_k(sims: np.ndarray, k: int, threshold: float) -> np.ndarray:
     return idx[sims[idx] >= threshold]
 
 
+def seed_stale(bank: MemoryBank, world: World, per_family: int, seed: int = 0,
+               spread: float = 0.3) -> None:
+    """Write ``per_family`` stale, misleading entries for every family into ``bank`` (in place).
+
+    Each entry is keyed near its family's rule, ``normalise(u_f + spread * xi)``, so the family's
+    queries retrieve it ahead of the memories keyed at their own embeddings, and its value is the
+    answer of a query that no longer exists (a random unit vector of shortcut content 1 and
+    abstraction 0, source ``-1``): every query that retrieves it is misled. Only an UPDATE
+    overwriting it removes it from an unbounded bank; the positive control for management.
+    """
+    per_family = check_count(per_family, "per_family", 0)
+    rng = np.random.default_rng([int(seed), 7919])
+    for f in range(world.rules.shape[0]):
+        for _ in range(per_family):
+            key = _unit(world.rules[f] + spread * rng.normal(size=world.dim) / np.sqrt(world.dim))
+            value = _unit(rng.normal(size=world.dim))
+            bank.write(key, value, -1, 0.0, 1.0)
+
+
 # --- the executor --------------------------------------------------------------------------------
 
 
@@ -483,6 +505,36 @@ def expected_alpha(p_extract: np.ndarray) -> float:
     return float(p @ np.array(ALPHAS) / p.sum())
 
 
+class RuleManagement:
+    """A trained policy's extraction head with a hand-written management rule in place of its own.
+
+    The rule overwrites the retrieved entry of lowest abstraction level when that entry is
+    shortcut-laden (level below ``keep``) or when an ADD would evict the bank's oldest entry, and
+    adds otherwise. It reads only the policy's input features, so it sees what the management head
+    sees; it is the management an informed designer would write, used to measure how much
+    leverage management has in a world, apart from whether GRPO can learn it.
+    """
+
+    def __init__(self, policy: MemPolicy, keep: float = 0.5):
+        self.policy = policy
+        self.dim = policy.dim
+        self.keep = _check_real(keep, "keep")
+
+    def probabilities(self, x: np.ndarray, manage_mask: np.ndarray):
+        p_ext, _ = self.policy.probabilities(x, manage_mask)
+        x = np.asarray(x, dtype=float)
+        slots = x[self.dim + 3:].reshape(TOP_K, 3)
+        occupied = np.flatnonzero(slots[:, 2] > 0.5)
+        p_man = np.zeros(N_MANAGE)
+        if occupied.size:
+            weakest = int(occupied[np.argmin(slots[occupied, 1])])
+            if slots[weakest, 1] < self.keep or x[self.dim + 2] > 0.5:
+                p_man[1 + weakest] = 1.0
+                return p_ext, p_man
+        p_man[0] = 1.0
+        return p_ext, p_man
+
+
 # --- one step of the agent -----------------------------------------------------------------------
 
 
@@ -648,7 +700,8 @@ class TrainConfig:
     """GRPO settings; ``neighbourhood=0`` means the source-only reward (no SNM).
 
     ``common_random_numbers=False`` (the released reward) draws every execution of the reward
-    afresh; ``capacity`` caps the training bank (``None``: unbounded).
+    afresh; ``capacity`` caps the training bank (``None``: unbounded); ``stale`` seeds the
+    training bank with that many misleading entries per family (:func:`seed_stale`).
     """
 
     neighbourhood: int = 3
@@ -667,6 +720,7 @@ class TrainConfig:
     hidden: int = 32
     common_random_numbers: bool = False
     capacity: int | None = None
+    stale: int = 0
 
     def __post_init__(self):
         check_count(self.neighbourhood, "neighbourhood", 0)
@@ -678,6 +732,7 @@ class TrainConfig:
         check_positive(self.lr, "lr")
         if self.capacity is not None:
             check_count(self.capacity, "capacity", 1)
+        check_count(self.stale, "stale", 0)
         if self.reward not in ("paper", "code"):
             raise ValueError(f"reward must be 'paper' or 'code', got {self.reward!r}")
 
@@ -688,6 +743,7 @@ class TrainResult:
     mean_reward: list = field(default_factory=list)  # per minibatch
     mean_alpha: list = field(default_factory=list)  # expected alpha per minibatch
     bank_size: int = 0
+    stale_left: int = 0  # stale entries (source -1, :func:`seed_stale`) left in the training bank
 
 
 def neighbourhood_targets(world: World, config: TrainConfig) -> dict[int, np.ndarray]:
@@ -715,6 +771,7 @@ def train_policy(world: World, executor: Executor, config: TrainConfig, seed: in
     optimiser = torch.optim.Adam(policy.parameters(), lr=config.lr)
     targets = neighbourhood_targets(world, config)
     bank = MemoryBank(world.dim, 256, limit=config.capacity)
+    seed_stale(bank, world, config.stale, seed)
     result = TrainResult(policy)
     buffer: list = []
     G = config.group_size
@@ -740,6 +797,7 @@ def train_policy(world: World, executor: Executor, config: TrainConfig, seed: in
             result.mean_alpha.append(float(np.mean([b[6] for b in buffer])))
             buffer = []
     result.bank_size = len(bank)
+    result.stale_left = int(np.sum(bank.source[: len(bank)] == -1))
     return result
 
 
@@ -788,11 +846,15 @@ class StreamResult:
         return np.cumsum(self.probability) / np.arange(1, self.probability.size + 1)
 
 
-def stream(world: World, executor: Executor, policy: MemPolicy | None, queries, seed: int = 0,
-           threshold: float = 0.5, capacity: int | None = None) -> StreamResult:
+def stream(world: World, executor: Executor, policy: MemPolicy | RuleManagement | None, queries,
+           seed: int = 0,
+           threshold: float = 0.5, capacity: int | None = None,
+           stale: int = 0) -> StreamResult:
     """Zero-reset streaming: an empty bank, the queries in a random order, the policy writing.
 
-    ``policy=None`` is the no-memory agent; ``capacity`` caps the bank (``None``: unbounded).
+    ``policy=None`` is the no-memory agent; ``capacity`` caps the bank (``None``: unbounded);
+    ``stale > 0`` starts from a bank holding that many misleading entries per family instead of
+    an empty one (:func:`seed_stale`, the same entries for every agent of a stream seed).
     Accuracy is recorded as the executor's exact success
     probability at each step (an unbiased, lower-variance stand-in for the 0/1 outcome); the bank
     evolves with the sampled outcome, as it would in deployment.
@@ -803,6 +865,7 @@ def stream(world: World, executor: Executor, policy: MemPolicy | None, queries, 
     rng = np.random.default_rng(seed)
     order = rng.permutation(queries)
     bank = MemoryBank(world.dim, 128, limit=capacity)
+    seed_stale(bank, world, stale, seed)
     prob, length, alpha = (np.full(order.size, np.nan) for _ in range(3))
     operation = np.full(order.size, -1)
     for i, q in enumerate(order):
@@ -850,13 +913,15 @@ class Evaluation:
     cpu_seconds: float = 0.0  # CPU time of training
 
 
-def evaluate(world: World, executor: Executor, policy: MemPolicy | None, n_streams: int = 3,
-             seed: int = 0, threshold: float = 0.5, capacity: int | None = None) -> Evaluation:
+def evaluate(world: World, executor: Executor, policy: MemPolicy | RuleManagement | None,
+             n_streams: int = 3, seed: int = 0, threshold: float = 0.5, capacity: int | None = None,
+             stale: int = 0) -> Evaluation:
     """Zero-reset streams over ``world.test`` and ``world.ood``, averaged over stream orders."""
     n_streams = check_count(n_streams, "n_streams", 1)
-    ind = [stream(world, executor, policy, world.test, seed + s, threshold, capacity)
+    ind = [stream(world, executor, policy, world.test, seed + s, threshold, capacity, stale)
            for s in range(n_streams)]
-    ood = ([stream(world, executor, policy, world.ood, seed + 1000 + s, threshold, capacity)
+    ood = ([stream(world, executor, policy, world.ood, seed + 1000 + s, threshold, capacity,
+                   stale)
             for s in range(n_streams)] if world.ood.size else ind)
     def add_rate(results) -> float:
         ops = np.concatenate([r.operation for r in results])
@@ -879,11 +944,15 @@ def evaluate(world: World, executor: Executor, policy: MemPolicy | None, n_strea
 
 def run_replicate(seed: int, executor: Executor, world_kwargs: dict | None = None,
                   train_kwargs: dict | None = None, variants: dict | None = None,
-                  n_streams: int = 3, baselines: bool = True) -> dict[str, Evaluation]:
+                  n_streams: int = 3, baselines: bool = True,
+                  managed: tuple = ()) -> dict[str, Evaluation]:
     """One world, every agent: no memory, the untrained policy, and each trained variant.
 
-    ``train_kwargs["capacity"]`` caps the bank in training and in the evaluation streams alike;
-    ``baselines=False`` skips the no-memory and untrained agents.
+    ``train_kwargs["capacity"]`` caps the bank and ``train_kwargs["stale"]`` seeds it with
+    misleading entries, in training and in the evaluation streams alike;
+    ``baselines=False`` skips the no-memory and untrained agents; each variant named in
+    ``managed`` is evaluated a second time with :class:`RuleManagement` in place of its own
+    management head, under the name ``"<variant> + rule management"``.
 
     Every trained variant starts from the same initial policy (the untrained one), sees the same
     world, the same number of GRPO updates and the same seed; only the reward's targets and the
@@ -895,8 +964,10 @@ def run_replicate(seed: int, executor: Executor, world_kwargs: dict | None = Non
     torch.manual_seed(seed)
     initial = MemPolicy(world.dim)
     cap = (train_kwargs or {}).get("capacity")
+    stale = dict(stale=(train_kwargs or {}).get("stale", 0))
     out = ({"no memory": evaluate(world, executor, None, n_streams, seed, capacity=cap),
-            "untrained": evaluate(world, executor, initial, n_streams, seed, capacity=cap)}
+            "untrained": evaluate(world, executor, initial, n_streams, seed, capacity=cap,
+                                  **stale)}
            if baselines else {})
     for name, overrides in (VARIANTS if variants is None else variants).items():
         config = TrainConfig(**{**(train_kwargs or {}), **overrides})
@@ -904,8 +975,12 @@ def run_replicate(seed: int, executor: Executor, world_kwargs: dict | None = Non
         trained = train_policy(world, executor, config, seed, copy.deepcopy(initial))
         cpu = time.process_time() - start
         out[name] = evaluate(world, executor, trained.policy, n_streams, seed,
-                             capacity=config.capacity)
+                             capacity=config.capacity, stale=config.stale)
         out[name].cpu_seconds = cpu
+        if name in managed:
+            out[f"{name} + rule management"] = evaluate(
+                world, executor, RuleManagement(trained.policy), n_streams, seed,
+                capacity=config.capacity, stale=config.stale)
     return out
 
 
@@ -1033,3 +1108,148 @@ def reward_curves(world: World, executor: Executor, sizes=(1, 3, 5), draws: int 
             out["held-out"] += lone_memory_gains(world, executor, q, insights, held_out,
                                                  False, -np.inf).mean(0)
     return {key: value / len(world.train) for key, value in out.items()}
+
+
+# --- a learned executor --------------------------------------------------------------------------
+
+GRADE_SHARPNESS = 8.0
+"""Sharpness ``kappa`` of the grader of the learned executor's answers (``eq-umem-learned``)."""
+GRADE_BAR = 0.75
+"""Cosine ``theta`` at which a graded answer succeeds with probability one half."""
+
+
+def answers(world: World) -> np.ndarray:
+    """The answer ``y_q = normalise(u_f + a_q)`` of every query: a rule and an instance part."""
+    return _unit(world.rules[world.family] + world.shortcuts)
+
+
+class LearnedExecutor(nn.Module):
+    """A small executor trained to answer from the query and its retrieved memories.
+
+    ``y_hat = Phi e(q) + exp(gamma) Psi sum_m softmax_m(omega sim_m) v_m`` over the retrieved
+    values ``v_m`` with key similarities ``sim_m``; the answer succeeds with probability
+    ``sigmoid(kappa (cos(y_hat, y_q) - theta))`` (``eq-umem-learned``). Nothing in it says which
+    memory helps or misleads: that is learned from episodes (:func:`train_executor`).
+    """
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = check_count(dim, "dim", 1)
+        self.prior = nn.Linear(dim, dim, bias=False)
+        self.read = nn.Linear(dim, dim, bias=False)
+        self.temperature = nn.Parameter(torch.tensor(1.0))
+        self.gate = nn.Parameter(torch.tensor(0.0))
+
+    def forward(self, e, values, sims, mask) -> torch.Tensor:
+        """The answer vector ``y_hat`` for queries ``e`` (n, d) and memories (n, slots, d)."""
+        any_memory = mask.sum(-1, keepdim=True) > 0
+        weights = torch.softmax(self.temperature * sims + torch.log(mask + 1e-9), -1) * any_memory
+        read = self.read((weights[..., None] * values).sum(1))
+        return self.prior(e) + torch.exp(self.gate) * read
+
+    def success_probability(self, e, values, sims, mask, y) -> torch.Tensor:
+        cos = (nn.functional.normalize(self(e, values, sims, mask), dim=-1) * y).sum(-1)
+        return torch.sigmoid(GRADE_SHARPNESS * (cos - GRADE_BAR))
+
+
+def executor_episodes(world: World, n: int, rng: np.random.Generator, own_share: float = 0.3,
+                      insight_noise: float = 0.6):
+    """``n`` training episodes for :class:`LearnedExecutor`: a training query and 0-3 memories.
+
+    Each memory was written from the query itself (probability ``own_share``) or from another
+    training query of its family, at a random abstraction level (``eq-umem-extract``). Returns
+    tensors ``(e, values, sims, mask, y)``.
+    """
+    n = check_count(n, "episodes", 1)
+    d = world.dim
+    q = rng.choice(world.train, size=n)
+    count = rng.integers(0, TOP_K + 1, size=n)
+    mask = np.arange(TOP_K)[None, :] < count[:, None]
+    same = [world.train[world.family[world.train] == f] for f in range(world.rules.shape[0])]
+    src = np.where(rng.uniform(size=(n, TOP_K)) < own_share, q[:, None],
+                   np.stack([rng.choice(same[world.family[qi]], size=TOP_K) for qi in q]))
+    alpha = np.asarray(ALPHAS)[rng.integers(0, len(ALPHAS), size=(n, TOP_K))][..., None]
+    insight = _unit(world.rules[world.family[src]]
+                    + insight_noise * rng.normal(size=(n, TOP_K, d)) / np.sqrt(d))
+    values = _unit(alpha * insight + (1 - alpha) * world.shortcuts[src]) * mask[..., None]
+    sims = np.where(mask, np.einsum("nd,nkd->nk", world.embeddings[q], world.embeddings[src]),
+                    -1.0)
+    as_tensor = lambda x: torch.as_tensor(x, dtype=torch.float32)  # noqa: E731
+    return (as_tensor(world.embeddings[q]), as_tensor(values), as_tensor(sims), as_tensor(mask),
+            as_tensor(answers(world)[q]))
+
+
+def train_executor(world: World, episodes: int = 3000, steps: int = 300, lr: float = 0.02,
+                   seed: int = 0) -> LearnedExecutor:
+    """Train a :class:`LearnedExecutor` once, by full-batch Adam on the log success probability."""
+    steps = check_count(steps, "steps", 1)
+    rng = np.random.default_rng([seed, 31])
+    data = executor_episodes(world, episodes, rng)
+    torch.manual_seed(seed)
+    model = LearnedExecutor(world.dim)
+    optimiser = torch.optim.Adam(model.parameters(), lr=lr)
+    for _ in range(steps):
+        loss = -torch.log(model.success_probability(*data) + 1e-9).mean()
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    return model.requires_grad_(False)
+
+
+@torch.no_grad()
+def learned_success(model: LearnedExecutor, world: World, queries, values=None,
+                    sims=None) -> np.ndarray:
+    """Success probability of each query with one memory (row of ``values``, key similarity
+    ``sims``) or with none (``values=None``)."""
+    queries = np.asarray(queries, dtype=int)
+    n, d = queries.size, world.dim
+    e = torch.as_tensor(world.embeddings[queries], dtype=torch.float32)
+    y = torch.as_tensor(answers(world)[queries], dtype=torch.float32)
+    slots, sim, mask = torch.zeros(n, TOP_K, d), torch.full((n, TOP_K), -1.0), torch.zeros(n, TOP_K)
+    if values is not None:
+        slots[:, 0] = torch.as_tensor(np.array(np.broadcast_to(values, (n, d))),
+                                      dtype=torch.float32)
+        sim[:, 0] = torch.as_tensor(np.array(np.broadcast_to(sims, (n,))), dtype=torch.float32)
+        mask[:, 0] = 1.0
+    return model.success_probability(e, slots, sim, mask, y).double().numpy()
+
+
+def learned_reward_curves(model: LearnedExecutor, world: World, sizes=(3,), draws: int = 4,
+                          seed: int = 0, threshold: float = 0.5) -> dict:
+    """:func:`reward_curves` for the learned executor: expected success gain of a lone memory.
+
+    Per abstraction level, averaged over the training queries and ``draws`` insights: on the
+    source query (key similarity 1), on ``NN_n(q)`` for each ``n`` in ``sizes`` (a target whose
+    similarity to the key is
+    below ``threshold`` does not retrieve it and gains 0), and on the held-out queries of the
+    same family (retrieval assumed, as in :func:`reward_curves`).
+    """
+    draws = check_count(draws, "draws", 1)
+    rng = np.random.default_rng(seed)
+    train = world.train
+    pairs = {"source": (np.arange(train.size), train)}
+    for n in sizes:
+        neighbours = semantic_neighbourhood(world.embeddings, train, n)
+        pairs[n] = (np.repeat(np.arange(train.size), n), neighbours.ravel())
+    held = [(row, t) for row, q in enumerate(train)
+            for t in world.test[world.family[world.test] == world.family[q]]]
+    if held:
+        pairs["held-out"] = tuple(np.array(x) for x in zip(*held, strict=True))
+    base = learned_success(model, world, np.arange(world.family.size))
+    s = Executor().insight_noise_success
+    insights = _unit(world.rules[world.family[train]][:, None, :]
+                     + s * rng.normal(size=(train.size, draws, world.dim)) / np.sqrt(world.dim))
+    out = {key: np.zeros(len(ALPHAS)) for key in pairs}
+    for a, alpha in enumerate(ALPHAS):
+        for k in range(draws):
+            values = _unit(alpha * insights[:, k] + (1 - alpha) * world.shortcuts[train])
+            for key, (rows, targets) in pairs.items():
+                sims = np.einsum("nd,nd->n", world.embeddings[targets],
+                                 world.embeddings[train[rows]])
+                gain = learned_success(model, world, targets, values[rows], sims) - base[targets]
+                if key != "held-out":
+                    gain = np.where(sims >= threshold, gain, 0.0)
+                per_query = np.bincount(rows, gain, train.size) / np.maximum(
+                    np.bincount(rows, minlength=train.size), 1)
+                out[key][a] += per_query[np.bincount(rows, minlength=train.size) > 0].mean()
+    return {key: value / draws for key, value in out.items()}
