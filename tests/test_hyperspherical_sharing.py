@@ -357,3 +357,102 @@ def test_calibrated_ggda_and_select_lr_run():
                              hidden=4, eval_every=3, eval_batch=8)
     assert lr in (1e-3, 1e-2) and means.shape == (2,)
     assert hs.select_lr("hps", (1.0, 2.0), (3e-3,))[0] == 3e-3
+
+
+def _spread_against_mpe2(scales, seed, crowd):
+    """Run mpe2's simple_spread_v3 and our Spread side by side (float64) for one episode."""
+    env = hs.mpe2_spread(scales)
+    obs, _ = env.reset(seed=seed)
+    world = env.unwrapped.world
+    if crowd:  # start the agents overlapping, so that contact forces and penalties act
+        for k, agent in enumerate(world.agents):
+            agent.state.p_pos = np.array([0.1 * k, 0.05 * k])
+        obs = {a: env.unwrapped.observe(a) for a in env.agents}
+    pos = torch.tensor(np.array([a.state.p_pos for a in world.agents])).view(1, -1, 1, 2)
+    marks = torch.tensor(np.array([m.state.p_pos for m in world.landmarks])).view(1, -1, 1, 2)
+    ours = hs.Spread(scales, dtype=torch.float64)
+    o = ours.set_state(pos, marks)
+    np.testing.assert_allclose(o[0, :, 0].numpy(), np.stack([obs[a] for a in env.agents]),
+                               atol=1e-6)
+    rng = np.random.default_rng(seed)
+    collisions, steps = 0.0, 0
+    while env.agents:
+        act = rng.normal(0.0, 1.0, (len(scales), 2)).astype(np.float32)
+        if crowd and steps < 5:
+            act[:] = -np.sign(np.array([a.state.p_pos for a in world.agents]))  # huddle
+        obs, rew, _, trunc, _ = env.step({a: hs.mpe2_action(act[k])
+                                          for k, a in enumerate(env.agents)})
+        o, r, done = ours.step(torch.tensor(act, dtype=torch.float64).view(1, -1, 1, 2))
+        names = list(obs)
+        np.testing.assert_allclose(o[0, :, 0].numpy(), np.stack([obs[a] for a in names]),
+                                   atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(r[0, :, 0].numpy(), np.array([rew[a] for a in names]),
+                                   atol=1e-9)
+        dist = torch.linalg.vector_norm(ours.landmarks.unsqueeze(1) - ours.pos.unsqueeze(2), dim=-1)
+        coverage = -dist.min(dim=1).values.sum(1)[0, 0]
+        collisions += float((0.5 * coverage - r[0, :, 0]).sum() / 0.5)   # penalties this step
+        steps += 1
+        assert done == all(trunc.values())
+    assert steps == ours.horizon == 25
+    return collisions
+
+
+@pytest.mark.parametrize("scales", [(1.0, 1.0, 1.0), (0.25, 1.0, 4.0)])
+@pytest.mark.parametrize("crowd", [False, True])
+def test_spread_matches_mpe2_step_by_step(scales, crowd):
+    pytest.importorskip("mpe2")
+    collisions = sum(_spread_against_mpe2(scales, seed, crowd) for seed in (0, 1))
+    if crowd:
+        assert collisions >= 2     # the contact forces and penalties were exercised
+
+
+def test_spread_collisions_and_rewards_by_hand():
+    env = hs.Spread((1.0, 2.0, 1.0))
+    pos = torch.tensor([[0.0, 0.0], [0.2, 0.0], [1.0, 1.0]]).view(1, 3, 1, 2)
+    marks = torch.tensor([[0.0, 0.0], [1.0, 1.0], [-1.0, 0.0]]).view(1, 3, 1, 2)
+    obs = env.set_state(pos, marks)
+    assert obs.shape == (1, 3, 1, env.obs_dim) and env.obs_dim == 18
+    # agents 0 and 1 overlap (0.2 < 0.3): each loses 1; coverage: 0 + 0 + 1
+    torch.testing.assert_close(env.rewards()[0, :, 0],
+                               0.5 * torch.tensor(-1.0) + 0.5 * torch.tensor([-1.0, -1.0, 0.0]))
+    # agent 2 (no contact) with action (1, -3): clipped to (1, -1), force 5 * (1, -1)
+    act = torch.zeros(1, 3, 1, 2)
+    act[0, 2, 0] = torch.tensor([1.0, -3.0])
+    env.step(act)
+    torch.testing.assert_close(env.vel[0, 2, 0], torch.tensor([0.5, -0.5]))
+    torch.testing.assert_close(env.pos[0, 2, 0], torch.tensor([1.0, 1.0]))  # old velocity 0
+    assert env.vel[0, 0, 0, 0] < 0 < env.vel[0, 1, 0, 0]                  # pushed apart
+    with pytest.raises(ValueError, match="at least two"):
+        hs.Spread((1.0,))
+
+
+def test_per_agent_rewards_equal_team_rewards_when_identical():
+    gen = torch.Generator().manual_seed(0)
+    logps = torch.randn(5, 2, 3, 7, generator=gen)
+    team = torch.randn(5, 2, 7, generator=gen)
+    torch.testing.assert_close(hs.agent_losses(logps, team),
+                               hs.agent_losses(logps, team.unsqueeze(2).expand(5, 2, 3, 7)))
+
+
+def test_calibrated_ggda_on_spread_records_returns():
+    out = hs.calibrated_ggda(env=hs.Spread((0.25, 1.0, 4.0), horizon=5), n_seeds=2, seed=0,
+                             checkpoints=(0, 1), batch=4, ggda_batch=8, hidden=4, sigma=0.3)
+    assert set(out) == {0, 1}
+    for st in out.values():
+        assert st.episode_return.shape == st.tan_between.shape == (2,)
+        assert np.all(st.episode_return < 0)
+    with pytest.raises(ValueError, match="either gains or env"):
+        hs.calibrated_ggda((1.0, 2.0), env=hs.Spread())
+
+
+@pytest.mark.parametrize("task", ["gainreach", "spread"])
+def test_calibrated_ggda_one_backward_pass_equals_one_per_agent(task):
+    kwargs = (dict(gains=hs.CONFLICT_GAINS) if task == "gainreach"
+              else dict(env=hs.Spread((0.25, 1.0, 4.0), horizon=6)))
+    runs = [hs.calibrated_ggda(**kwargs, n_seeds=3, seed=1, checkpoints=(0, 2), batch=8,
+                               ggda_batch=32, hidden=8, one_pass=one_pass)
+            for one_pass in (True, False)]
+    for update in (0, 2):
+        for name in ("tan_between", "tan_within", "rad_between", "rad_within", "episode_return"):
+            np.testing.assert_allclose(getattr(runs[0][update], name),
+                                       getattr(runs[1][update], name), atol=1e-4, rtol=1e-4)

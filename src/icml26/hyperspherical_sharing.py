@@ -7,7 +7,9 @@ Everything here is a CPU-scale reconstruction of the mechanism described in the 
 * :class:`GainReach` is a vectorised cooperative task (torch): every agent must move to its own
   goal, all agents want the same *direction* of action, but hidden actuator gains make the right
   *scale* differ between agents (eq-hps-oracle). :class:`GainReachParallelEnv` wraps one copy of
-  it in PettingZoo's parallel API.
+  it in PettingZoo's parallel API. :class:`Spread` is MPE's ``simple_spread`` (mpe2's
+  ``simple_spread_v3``, continuous actions, optional per-agent action scales) re-implemented in
+  torch for many seeds at once; :func:`mpe2_spread` builds the original with the same scales.
 * :class:`AgentPolicy` is one Gaussian MLP policy for all agents, in six sharing modes
   (:data:`METHODS`): no sharing, full sharing, sharing with agent IDs, HPS (eq-hps-layer),
   Euclidean shared weights with agent scales, and sphere weights with shared scales. Every mode,
@@ -280,6 +282,134 @@ class GainReachParallelEnv(_pettingzoo_base()):
         return out
 
 
+# --- a public benchmark: MPE's simple_spread (mpe2 ``simple_spread_v3``) -----------------------
+
+
+SPREAD_SENSITIVITY = 5.0
+"""mpe2's default acceleration of an agent (``Agent.accel = None`` means 5)."""
+
+
+class Spread:
+    """MPE's ``simple_spread`` (N agents, N landmarks), vectorised in torch, continuous actions.
+
+    A re-implementation of mpe2's ``simple_spread_v3`` (``continuous_actions=True``,
+    ``local_ratio=0.5``, ``max_cycles=25``), checked step by step against mpe2 in the tests:
+    the same observations and rewards for the same initial state and actions. Agent ``k``'s
+    two-dimensional action ``a_k`` is clipped to ``[-1, 1]^2`` (mpe2 clips its five-dimensional
+    action to ``[0, 1]`` and uses the differences of the move pairs) and pushes with force
+    ``accel_k * a_k``, ``accel_k = 5 * scales[k]`` (mpe2's ``Agent.accel``; ``scales`` are the
+    per-agent action scales, all 1 in the benchmark). Physics as mpe2: ``dt = 0.1``, damping
+    0.25, mass 1, agents of radius 0.15 pushed apart by a soft contact force; landmarks are
+    fixed. Each agent's reward is ``0.5 * global + 0.5 * local``: ``global`` is minus the sum
+    over landmarks of the distance to the nearest agent, ``local`` minus the number of other
+    agents it overlaps. Observation of agent ``k`` (``6 N`` numbers): its velocity, its
+    position, the landmarks relative to it, the other agents relative to it, and ``2 (N - 1)``
+    zeros (the silent agents' communication). Tensors are shaped ``(S, N, B, ...)`` as in
+    :class:`GainReach`; :meth:`step` returns per-agent rewards ``(S, N, B)``.
+    """
+
+    act_dim = 2
+    dt, damping, contact_force, contact_margin, size = 0.1, 0.25, 100.0, 1e-3, 0.15
+
+    def __init__(self, scales=(1.0, 1.0, 1.0), horizon: int = 25, local_ratio: float = 0.5,
+                 dtype=torch.float32):
+        self.scales = check_gains(scales).to(dtype)
+        self.n_agents = self.scales.numel()
+        if self.n_agents < 2:
+            raise ValueError("simple_spread needs at least two agents")
+        self.horizon = _check_int(horizon, "horizon", 1)
+        if not 0.0 <= float(local_ratio) <= 1.0:
+            raise ValueError(f"local_ratio must lie in [0, 1], got {local_ratio}")
+        self.local_ratio = float(local_ratio)
+        self.dtype = dtype
+        self.obs_dim = 6 * self.n_agents
+        n = self.n_agents
+        self._others = torch.tensor([[j for j in range(n) if j != k] for k in range(n)])
+
+    def set_state(self, pos: torch.Tensor, landmarks: torch.Tensor,
+                  vel: torch.Tensor | None = None) -> torch.Tensor:
+        """Start from given agent positions ``(S, N, B, 2)`` and landmarks ``(S, N, B, 2)``
+        (landmark ``l`` of episode ``b`` at ``landmarks[:, l, b]``); returns observations."""
+        self.pos = pos.to(self.dtype).clone()
+        self.vel = torch.zeros_like(self.pos) if vel is None else vel.to(self.dtype).clone()
+        self.landmarks = landmarks.to(self.dtype).clone()
+        if self.pos.shape != self.landmarks.shape or self.pos.shape[1] != self.n_agents:
+            raise ValueError(f"need positions and landmarks of shape (S, {self.n_agents}, B, 2), "
+                             f"got {tuple(self.pos.shape)} and {tuple(self.landmarks.shape)}")
+        self.t = 0
+        return self._observe()
+
+    def reset(self, n_seeds: int, batch: int, generator: torch.Generator) -> torch.Tensor:
+        """Draw ``batch`` episodes per seed (positions uniform on ``[-1, 1]^2``, as mpe2)."""
+        shape = (_check_int(n_seeds, "n_seeds", 1), self.n_agents,
+                 _check_int(batch, "batch", 1), 2)
+        pos = 2 * torch.rand(shape, generator=generator) - 1
+        return self.set_state(pos, 2 * torch.rand(shape, generator=generator) - 1)
+
+    def _observe(self) -> torch.Tensor:
+        others = self.pos[:, self._others] - self.pos.unsqueeze(2)         # (S, N, N-1, B, 2)
+        marks = self.landmarks.unsqueeze(1) - self.pos.unsqueeze(2)        # (S, N, N, B, 2)
+        s, n, b = self.pos.shape[:3]
+        rel = torch.cat([marks, others], 2).permute(0, 1, 3, 2, 4).reshape(s, n, b, -1)
+        comm = torch.zeros(s, n, b, 2 * (n - 1), dtype=self.dtype)
+        return torch.cat([self.vel, self.pos, rel, comm], -1)
+
+    def _pair_distances(self) -> tuple[torch.Tensor, torch.Tensor]:
+        delta = self.pos.unsqueeze(2) - self.pos.unsqueeze(1)              # (S, N, N, B, 2)
+        return delta, torch.linalg.vector_norm(delta, dim=-1)
+
+    def rewards(self) -> torch.Tensor:
+        """Each agent's reward in the current state, ``(S, N, B)``."""
+        marks = torch.linalg.vector_norm(self.landmarks.unsqueeze(1) - self.pos.unsqueeze(2),
+                                         dim=-1)                            # (S, agent, mark, B)
+        glob = -marks.min(dim=1).values.sum(1)                              # (S, B)
+        _, dist = self._pair_distances()
+        eye = torch.eye(self.n_agents, dtype=torch.bool).view(1, self.n_agents, self.n_agents, 1)
+        local = -((dist < 2 * self.size) & ~eye).sum(2).to(self.dtype)     # (S, N, B)
+        return (1 - self.local_ratio) * glob.unsqueeze(1) + self.local_ratio * local
+
+    def step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """Apply actions ``(S, N, B, 2)``; return observations, rewards ``(S, N, B)``, done."""
+        if actions.shape != self.pos.shape:
+            raise ValueError(f"actions must have shape {tuple(self.pos.shape)}, "
+                             f"got {tuple(actions.shape)}")
+        accel = SPREAD_SENSITIVITY * self.scales.view(1, -1, 1, 1)
+        force = accel * actions.to(self.dtype).clamp(-1.0, 1.0)
+        delta, dist = self._pair_distances()
+        k = self.contact_margin
+        # softplus below -50 is under 2e-22 (mpe2 computes it in float64): clamping keeps
+        # float32 out of subnormal numbers, which are very slow on CPUs
+        pen = k * torch.nn.functional.softplus((-(dist - 2 * self.size) / k).clamp_min(-50.0))
+        eye = torch.eye(self.n_agents, dtype=torch.bool).view(1, self.n_agents, self.n_agents, 1)
+        push = self.contact_force * delta / dist.masked_fill(eye, 1.0).unsqueeze(-1) \
+            * pen.masked_fill(eye, 0.0).unsqueeze(-1)
+        force = force + push.sum(2)
+        self.pos = self.pos + self.vel * self.dt
+        self.vel = self.vel * (1 - self.damping) + force * self.dt
+        self.t += 1
+        return self._observe(), self.rewards(), self.t >= self.horizon
+
+
+def mpe2_spread(scales=(1.0, 1.0, 1.0), max_cycles: int = 25):
+    """mpe2's ``simple_spread_v3`` (parallel API, continuous actions) with agent ``k``'s
+    acceleration multiplied by ``scales[k]`` (the per-agent action scales)."""
+    from mpe2 import simple_spread_v3
+
+    scales = check_gains(scales).tolist()
+    env = simple_spread_v3.parallel_env(N=len(scales), max_cycles=max_cycles,
+                                        continuous_actions=True)
+    for agent, scale in zip(env.unwrapped.world.agents, scales, strict=True):
+        agent.accel = SPREAD_SENSITIVITY * scale
+    return env
+
+
+def mpe2_action(action) -> np.ndarray:
+    """mpe2's five-dimensional continuous action for a two-dimensional ``action``."""
+    a = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
+    return np.array([0.0, max(-a[0], 0.0), max(a[0], 0.0), max(-a[1], 0.0), max(a[1], 0.0)],
+                    dtype=np.float32)
+
+
 # --- geometry ---------------------------------------------------------------------------------
 
 
@@ -524,10 +654,14 @@ def _tangent_hook(param: torch.Tensor):
 
 
 def rollout(policy: AgentPolicy, env: GainReach, batch: int, generator: torch.Generator,
-            sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample episodes; return log-probabilities ``(T, S, N, B)`` and team rewards ``(T, S, B)``."""
+            sigma: float, weights: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample episodes; return log-probabilities ``(T, S, N, B)`` and the environment's rewards
+    (team rewards ``(T, S, B)`` for :class:`GainReach`, per agent ``(T, S, N, B)`` for
+    :class:`Spread`). ``weights`` (as :meth:`AgentPolicy.effective_weights`) replace the
+    policy's own."""
     obs = env.reset(policy.n_seeds, batch, generator)
-    weights = policy.effective_weights()
+    if weights is None:
+        weights = policy.effective_weights()
     logps, rewards = [], []
     for _ in range(env.horizon):
         mean = policy(obs, weights)
@@ -543,10 +677,13 @@ def agent_losses(logps: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
     """REINFORCE surrogate of each agent (eq-hps-reinforce), summed over seeds: shape ``(N,)``.
 
     The advantage is the reward-to-go minus its mean over the episodes of the same seed and step.
+    ``rewards`` are team rewards ``(T, S, B)`` or each agent's own ``(T, S, N, B)``.
     """
     returns = rewards.flip(0).cumsum(0).flip(0)
     adv = returns - returns.mean(dim=-1, keepdim=True)
-    return -(logps * adv.unsqueeze(2)).mean(dim=-1).sum(dim=0).sum(dim=0)
+    if adv.dim() == 3:
+        adv = adv.unsqueeze(2)
+    return -(logps * adv).mean(dim=-1).sum(dim=0).sum(dim=0)
 
 
 @torch.no_grad()
@@ -807,6 +944,7 @@ class CalibratedGGDA:
     tan_within: np.ndarray
     rad_between: np.ndarray
     rad_within: np.ndarray
+    episode_return: np.ndarray | None = None   # mean return per agent and episode, per seed
 
     @property
     def tan(self) -> np.ndarray:
@@ -851,37 +989,67 @@ def split_half_agreement(weights: list[torch.Tensor], first: list[torch.Tensor],
     return CalibratedGGDA(*(x.detach().numpy() for x in out))
 
 
-def calibrated_ggda(gains, *, angles=None, n_seeds: int = 32, seed: int = 0,
+def calibrated_ggda(gains=None, *, angles=None, env=None, n_seeds: int = 32, seed: int = 0,
                     checkpoints=(10,), batch: int = 128, ggda_batch: int = 2048,
                     hidden: int = 32, lr: float = 3e-3, sigma: float = 0.1, layers=(1, 2),
-                    method: str = "fups_id") -> dict[int, CalibratedGGDA]:
+                    method: str = "fups_id", one_pass: bool = True) -> dict[int, CalibratedGGDA]:
     """Train a shared policy and measure :class:`CalibratedGGDA` at each checkpoint (update).
 
+    The task is ``GainReach(gains, angles=angles)``, or ``env`` (e.g. :class:`Spread`) when given.
     Training uses ``batch`` episodes per update (as :func:`train`); each measurement draws
-    ``ggda_batch`` fresh episodes and splits them into two halves.
+    ``ggda_batch`` fresh episodes, splits them into two halves, and records the mean return
+    (per agent and episode) of those episodes. ``one_pass`` gets all agents' gradients from one
+    backward pass per half where the analysed layers are plain shared weights (``False``: one
+    pass per agent and half, the reference the tests compare with).
     """
     checkpoints = sorted({_check_int(c, "checkpoint", 0) for c in checkpoints})
-    env = GainReach(gains, angles=angles)
-    policy = AgentPolicy(method, env.n_agents, n_seeds, hidden=hidden, seed=seed)
+    if (env is None) == (gains is None):
+        raise ValueError("give either gains or env")
+    if env is None:
+        env = GainReach(gains, angles=angles)
+    policy = AgentPolicy(method, env.n_agents, n_seeds, hidden=hidden, obs_dim=env.obs_dim,
+                         act_dim=env.act_dim, seed=seed)
     if policy.method == "nops":
         raise ValueError("no-sharing policies have no shared weights to decompose")
     optims = [SeedAdam(policy, lr)]
     gen = torch.Generator().manual_seed(10_000 + int(seed))
     measure_gen = torch.Generator().manual_seed(30_000 + int(seed))
+    # the effective weight of a plain shared layer is its parameter: per-agent copies then give
+    # all agents' gradients in one backward pass (the same numbers as one pass per agent)
+    plain = [policy.layers[i] for i in layers]
+    fast = one_pass and all(
+        la.weight.shape[1] == 1 and la.log_scale is None and la.mask is None
+        and la.film is None and la.hyper is None for la in plain)
     half = _check_int(ggda_batch, "ggda_batch", 2) // 2
     out = {}
     for update in range(checkpoints[-1] + 1):
         if update in checkpoints:
-            logps, rewards = rollout(policy, env, 2 * half, measure_gen, sigma)
             params = [policy.layers[i].weight for i in layers]
             halves = []
-            for sl in (slice(0, half), slice(half, 2 * half)):
-                losses = agent_losses(logps[..., sl], rewards[..., sl])
-                per_agent = [torch.autograd.grad(losses[k], params, retain_graph=True)
-                             for k in range(policy.n_agents)]
-                halves.append([torch.stack([g[i][:, 0] for g in per_agent])
-                               for i in range(len(layers))])
+            if fast:
+                # one copy of each analysed weight per agent: agent k's surrogate depends only on
+                # its own copy, so one backward pass of the sum gives every agent's gradient
+                weights = policy.effective_weights()
+                copies = [weights[i][0].detach().expand(-1, policy.n_agents, -1, -1).clone()
+                          .requires_grad_() for i in layers]
+                for i, c in zip(layers, copies, strict=True):
+                    weights[i] = (c, weights[i][1])
+                logps, rewards = rollout(policy, env, 2 * half, measure_gen, sigma, weights)
+                for sl in (slice(0, half), slice(half, 2 * half)):
+                    loss = agent_losses(logps[..., sl], rewards[..., sl]).sum()
+                    grads = torch.autograd.grad(loss, copies, retain_graph=True)
+                    halves.append([g.transpose(0, 1) for g in grads])
+            else:
+                logps, rewards = rollout(policy, env, 2 * half, measure_gen, sigma)
+                for sl in (slice(0, half), slice(half, 2 * half)):
+                    losses = agent_losses(logps[..., sl], rewards[..., sl])
+                    per_agent = [torch.autograd.grad(losses[k], params, retain_graph=True)
+                                 for k in range(policy.n_agents)]
+                    halves.append([torch.stack([g[i][:, 0] for g in per_agent])
+                                   for i in range(len(layers))])
             out[update] = split_half_agreement([p[:, 0].detach() for p in params], *halves)
+            per_agent_return = rewards.sum(0) if rewards.dim() == 4 else rewards.sum(0)[:, None]
+            out[update].episode_return = per_agent_return.mean((1, 2)).detach().numpy()
         if update == checkpoints[-1]:
             break
         policy_gradient_update(policy, env, batch, gen, sigma, optims)
