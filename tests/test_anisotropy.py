@@ -470,3 +470,21 @@ def test_cross_fitted_shares_never_score_on_fitting_rows():
     assert shares["proxy"].min() > 0.95 and np.allclose(shares["k_over_d"], 2 / 12)
     with pytest.raises(ValueError):
         smollm.cross_fitted_shares(H, G, np.zeros(80), np.eye(12)[:, :2], 2, n_folds=4)
+
+
+def test_permutation_chance_share_is_the_mean_over_all_permutations():
+    import itertools
+
+    rng = np.random.default_rng(0)
+    d, k = 6, 2
+    G = rng.standard_normal((40, d)) + 0.7  # a common offset, so the ones direction matters
+    Q = an.orthonormal_basis(rng.standard_normal((k, d)) + 0.5)
+    exact = np.mean([an.energy_share(G, Q[list(p)]) for p in itertools.permutations(range(d))])
+    assert an.permutation_chance_share(G, Q) == pytest.approx(exact, abs=1e-12)
+    # Gradients orthogonal to the ones vector (as behind a LayerNorm): the level lies within
+    # k / (d (d - 1)) of k / d, below or above depending on Q's overlap with the ones vector.
+    G_perp = G - G.mean(axis=1, keepdims=True)
+    share = an.permutation_chance_share(G_perp, Q)
+    assert k / d - (d - k) / (d * (d - 1)) - 1e-12 <= share <= k / d + k / (d * (d - 1)) + 1e-12
+    with pytest.raises(ValueError):
+        an.permutation_chance_share(G, np.ones((d, k)))
