@@ -488,3 +488,37 @@ def test_permutation_chance_share_is_the_mean_over_all_permutations():
     assert k / d - (d - k) / (d * (d - 1)) - 1e-12 <= share <= k / d + k / (d * (d - 1)) + 1e-12
     with pytest.raises(ValueError):
         an.permutation_chance_share(G, np.ones((d, k)))
+
+
+def test_training_is_equivariant_under_permuting_the_residual_coordinates():
+    # The premise of eq-aniso-permutation: relabelling the residual-stream coordinates of the
+    # initial weights relabels every later activation and gradient the same way (the
+    # initialisation law is invariant under it, so the law of G is too). A fixed positional
+    # code, a structured initialisation or a non-elementwise optimiser would break this.
+    config = tnn.GPTConfig(vocab_size=12, context=8, d_model=8, n_layers=2, n_heads=2)
+    perm = torch.from_numpy(np.random.default_rng(1).permutation(config.d_model))
+    rows = ("attn.proj.weight", "mlp.fc_out.weight")  # write into the residual stream
+    columns = ("tok_emb.weight", "pos_emb.weight", "attn.qkv.weight", "mlp.fc_in.weight",
+               "lm_head.weight")  # read from it
+    vectors = ("ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias", "ln_f.weight", "ln_f.bias",
+               "attn.proj.bias", "mlp.fc_out.bias")
+    model, relabelled = tnn.TinyGPT(config, seed=3), tnn.TinyGPT(config, seed=3)
+    with torch.no_grad():
+        for name, p in relabelled.named_parameters():
+            if name.endswith(rows):
+                p.copy_(p[perm])
+            elif name.endswith(columns):
+                p.copy_(p[:, perm])
+            elif name.endswith(vectors):
+                p.copy_(p[perm])
+            else:
+                assert name.endswith(("qkv.bias", "fc_in.bias")), name  # not in the residual
+    corpus = np.random.default_rng(0).integers(0, 12, size=(16, 12))
+    for m in (model, relabelled):
+        training.train_stacked([m], [corpus], steps=5, seeds=[7], batch_size=4, lr=1e-2)
+    x, y = an.evaluation_batch(corpus[:4], config.context)
+    for layer in range(config.n_layers + 1):
+        H, G = an.activations_and_gradients(model, x, y, layer)
+        H_p, G_p = an.activations_and_gradients(relabelled, x, y, layer)
+        assert np.allclose(H_p, H[:, perm], atol=1e-4) and np.allclose(G_p, G[:, perm], atol=1e-4)
+    assert not np.allclose(G_p, G, atol=1e-3)  # the relabelling did move the coordinates
