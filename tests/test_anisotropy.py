@@ -470,3 +470,55 @@ def test_cross_fitted_shares_never_score_on_fitting_rows():
     assert shares["proxy"].min() > 0.95 and np.allclose(shares["k_over_d"], 2 / 12)
     with pytest.raises(ValueError):
         smollm.cross_fitted_shares(H, G, np.zeros(80), np.eye(12)[:, :2], 2, n_folds=4)
+
+
+def test_permutation_chance_share_is_the_mean_over_all_permutations():
+    import itertools
+
+    rng = np.random.default_rng(0)
+    d, k = 6, 2
+    G = rng.standard_normal((40, d)) + 0.7  # a common offset, so the ones direction matters
+    Q = an.orthonormal_basis(rng.standard_normal((k, d)) + 0.5)
+    exact = np.mean([an.energy_share(G, Q[list(p)]) for p in itertools.permutations(range(d))])
+    assert an.permutation_chance_share(G, Q) == pytest.approx(exact, abs=1e-12)
+    # Gradients orthogonal to the ones vector (as behind a LayerNorm): the level lies within
+    # k / (d (d - 1)) of k / d, below or above depending on Q's overlap with the ones vector.
+    G_perp = G - G.mean(axis=1, keepdims=True)
+    share = an.permutation_chance_share(G_perp, Q)
+    assert k / d - (d - k) / (d * (d - 1)) - 1e-12 <= share <= k / d + k / (d * (d - 1)) + 1e-12
+    with pytest.raises(ValueError):
+        an.permutation_chance_share(G, np.ones((d, k)))
+
+
+def test_training_is_equivariant_under_permuting_the_residual_coordinates():
+    # The premise of eq-aniso-permutation: relabelling the residual-stream coordinates of the
+    # initial weights relabels every later activation and gradient the same way (the
+    # initialisation law is invariant under it, so the law of G is too). A fixed positional
+    # code, a structured initialisation or a non-elementwise optimiser would break this.
+    config = tnn.GPTConfig(vocab_size=12, context=8, d_model=8, n_layers=2, n_heads=2)
+    perm = torch.from_numpy(np.random.default_rng(1).permutation(config.d_model))
+    rows = ("attn.proj.weight", "mlp.fc_out.weight")  # write into the residual stream
+    columns = ("tok_emb.weight", "pos_emb.weight", "attn.qkv.weight", "mlp.fc_in.weight",
+               "lm_head.weight")  # read from it
+    vectors = ("ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias", "ln_f.weight", "ln_f.bias",
+               "attn.proj.bias", "mlp.fc_out.bias")
+    model, relabelled = tnn.TinyGPT(config, seed=3), tnn.TinyGPT(config, seed=3)
+    with torch.no_grad():
+        for name, p in relabelled.named_parameters():
+            if name.endswith(rows):
+                p.copy_(p[perm])
+            elif name.endswith(columns):
+                p.copy_(p[:, perm])
+            elif name.endswith(vectors):
+                p.copy_(p[perm])
+            else:
+                assert name.endswith(("qkv.bias", "fc_in.bias")), name  # not in the residual
+    corpus = np.random.default_rng(0).integers(0, 12, size=(16, 12))
+    for m in (model, relabelled):
+        training.train_stacked([m], [corpus], steps=5, seeds=[7], batch_size=4, lr=1e-2)
+    x, y = an.evaluation_batch(corpus[:4], config.context)
+    for layer in range(config.n_layers + 1):
+        H, G = an.activations_and_gradients(model, x, y, layer)
+        H_p, G_p = an.activations_and_gradients(relabelled, x, y, layer)
+        assert np.allclose(H_p, H[:, perm], atol=1e-4) and np.allclose(G_p, G[:, perm], atol=1e-4)
+    assert not np.allclose(G_p, G, atol=1e-3)  # the relabelling did move the coordinates

@@ -41,6 +41,7 @@ from icml26.anisotropy.tangent import (
     gradient_anisotropy,
     orthonormal_basis,
     pca_basis,
+    permutation_chance_share,
     random_complement_basis,
     semi_nmf,
 )
@@ -64,7 +65,8 @@ __all__ = [
     "collision_probability", "cone_cosine", "control_energy_share", "effective_rank",
     "energy_share", "entropy_sources", "evaluation_batch", "gradient_anisotropy", "layer_names",
     "layer_states", "mean_cosine", "measure_checkpoint", "orthonormal_basis", "parabola_sample",
-    "partition_isotropy", "pca_basis", "random_complement_basis", "semi_nmf", "shannon_entropy",
+    "partition_isotropy", "pca_basis", "permutation_chance_share", "random_complement_basis",
+    "semi_nmf", "shannon_entropy",
     "spectrum", "tangent_test", "top_share", "train_stacked", "train_with_checkpoints",
     "visible_curvature_ratio",
 ]

@@ -113,6 +113,23 @@ def control_energy_share(G, Q) -> float:
     return k / (d - k) * (1 - energy_share(G, Q))
 
 
+def permutation_chance_share(G, Q) -> float:
+    r"""Mean of $E(PQ)$ over all $d!$ permutations $P$ of the coordinates (`eq-aniso-permutation`).
+
+    The average of $PQQ^\top P^\top$ commutes with every permutation, so it is
+    $\omega_0 I + \omega_1 \mathbf 1\mathbf 1^\top$ with $d\omega_0 + d\omega_1 = k$ and
+    $d\omega_0 + d^2\omega_1 = s = \lVert Q^\top \mathbf 1\rVert^2$; the mean share is
+    $\omega_0 + \omega_1 \lVert G\mathbf 1\rVert^2 / \lVert G\rVert_F^2$. It is the chance
+    level of a subspace scored on gradients whose law is invariant under permuting coordinates.
+    """
+    G, Q = _check_pair(G, Q)
+    d, k = Q.shape
+    s = float((Q.sum(axis=0) ** 2).sum())
+    omega_1 = (s - k) / (d * (d - 1))
+    omega_0 = k / d - omega_1
+    return float(omega_0 + omega_1 * (G.sum(axis=1) ** 2).sum() / (G**2).sum())
+
+
 def random_complement_basis(Q, rng: np.random.Generator) -> np.ndarray:
     """A uniformly random orthonormal $k$-frame of the orthogonal complement of span Q."""
     Q = np.asarray(Q, dtype=np.float64)
