@@ -85,6 +85,35 @@ def test_pgd_stays_in_ball_raises_loss_and_one_step_is_fgsm(small_model):
     assert torch.equal(rita.pgd(model, x, y, 0.0), x)
 
 
+def test_pgd_random_start_lies_in_the_ball_and_is_deterministic(small_model):
+    model, x, y = small_model
+    eps = 0.1
+    # a flat loss has a zero gradient, so the ascent returns its (projected) start
+    start = rita._ascend(x, lambda z: (0 * z).sum(), eps, 1, eps, random_start=True,
+                         generator=torch.Generator().manual_seed(3))
+    assert float((start - x).abs().max()) <= eps + 1e-6
+    assert float(start.min()) >= 0 and float(start.max()) <= 1
+    assert not torch.equal(start, x)
+    inside = (x > eps) & (x < 1 - eps)  # no clipping: the start is spread over the ball
+    assert float((start - x)[inside].abs().mean()) == pytest.approx(eps / 2, rel=0.2)
+
+    def attack(seed):
+        return rita.pgd(model, x, y, eps, steps=7, random_start=True,
+                        generator=torch.Generator().manual_seed(seed))
+
+    adv = attack(0)
+    assert torch.equal(adv, attack(0))
+    assert not torch.equal(adv, attack(1))
+    assert float((adv - x).abs().max()) <= eps + 1e-6
+    assert float(adv.min()) >= 0 and float(adv.max()) <= 1
+    ce = torch.nn.functional.cross_entropy
+    with torch.no_grad():
+        assert float(ce(model(adv), y)) > float(ce(model(x), y))
+    assert torch.equal(rita.pgd(model, x, y, eps, random_start=False), rita.pgd(model, x, y, eps))
+    with pytest.raises(TypeError):
+        rita.pgd(model, x, y, eps, random_start=True, generator=0)
+
+
 def test_views_shape_range_and_first_view(small_model):
     _, x, _ = small_model
     v = rita.make_views(x[:5], 9, generator=torch.Generator().manual_seed(0))

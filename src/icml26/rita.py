@@ -294,10 +294,18 @@ def _check_attack(x, y, epsilon: float, steps: int,
 
 
 def _ascend(x: torch.Tensor, loss_of: Callable[[torch.Tensor], torch.Tensor], epsilon: float,
-            steps: int, alpha: float) -> torch.Tensor:
+            steps: int, alpha: float, *, random_start: bool = False,
+            generator: torch.Generator | None = None) -> torch.Tensor:
     """``steps`` PGD steps (``eq-rita-pgd``) on ``loss_of(iterate)``: ``alpha * sign(grad)`` up,
-    then the projection onto the ``epsilon``-ball around ``x`` and onto [0, 1]."""
+    then the projection onto the ``epsilon``-ball around ``x`` and onto [0, 1].
+
+    The iterate starts at ``x``, or with ``random_start`` at a point drawn uniformly from the
+    ``epsilon``-ball around ``x`` (clipped to [0, 1]; torchattacks' PGD default), with
+    ``generator`` for the draw."""
     x_adv = x.detach().clone()
+    if random_start:
+        noise = torch.rand(x.shape, generator=generator, dtype=x.dtype)
+        x_adv = (x_adv + epsilon * (2 * noise - 1)).clamp(0, 1)
     for _ in range(steps):
         x_adv.requires_grad_(True)
         (grad,) = torch.autograd.grad(loss_of(x_adv), x_adv)
@@ -308,16 +316,20 @@ def _ascend(x: torch.Tensor, loss_of: Callable[[torch.Tensor], torch.Tensor], ep
 
 
 def pgd(model, x: torch.Tensor, y: torch.Tensor, epsilon: float, *, steps: int = 7,
-        alpha: float | None = None) -> torch.Tensor:
-    """L-infinity PGD on the cross-entropy of ``model(x)`` (``eq-rita-pgd``), no random start.
+        alpha: float | None = None, random_start: bool = False,
+        generator: torch.Generator | None = None) -> torch.Tensor:
+    """L-infinity PGD on the cross-entropy of ``model(x)`` (``eq-rita-pgd``).
 
     Each step moves by ``alpha * sign(grad)`` (default ``alpha = epsilon / 4``), then projects
     onto the ``epsilon``-ball around ``x`` and onto [0, 1]. One step with ``alpha = epsilon`` is
-    FGSM.
+    FGSM. The iterate starts at the image; with ``random_start`` at a uniform point of the
+    ball, drawn with ``generator`` (as torchattacks' PGD, which R-TPT uses).
     """
     epsilon, steps, alpha = _check_attack(x, y, epsilon, steps, alpha)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError("generator must be a torch.Generator or None")
     return _ascend(x, lambda x_adv: fn.cross_entropy(model(x_adv), y, reduction="sum"),
-                   epsilon, steps, alpha)
+                   epsilon, steps, alpha, random_start=bool(random_start), generator=generator)
 
 
 def eot_pgd(model, x: torch.Tensor, y: torch.Tensor, epsilon: float, *, n_views: int = 8,
