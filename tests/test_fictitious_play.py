@@ -489,6 +489,20 @@ def test_recency_index_of_known_beliefs():
     share = 1 / (1 + gamma**K)
     ab, ba = share * qb + (1 - share) * qa, share * qa + (1 - share) * qb
     assert np.isclose(ic.recency_index(ab, ba, qa, qb), (1 - gamma**K) / (1 + gamma**K))
+    with pytest.raises(ValueError, match="differ"):
+        ic.recency_index(ab, ba, qa, qa)
+
+
+def test_incontext_inputs_are_checked():
+    game, eps = _episodes(n=4, episodes=3)
+    with pytest.raises(ValueError, match="order"):
+        ic.stream(game, eps, order=[0, 1, 5])
+    with pytest.raises(ValueError, match="shape"):
+        ic.simulate_episodes(game, np.random.default_rng(0), np.full(3, 0.6), np.ones(3))
+    model = ic.InContextEnsemble(game, 2, length=6, d_model=8)
+    with pytest.raises(ValueError, match="hazard"):
+        ic.meta_train(model, np.random.default_rng(0), steps=1, batch=2, episodes=2,
+                      hazard=[0.0, 1.5])
 
 
 def test_time_averaged_logistic_belief_ignores_order_and_forgetting_does_not():

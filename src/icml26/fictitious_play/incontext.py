@@ -71,6 +71,8 @@ def simulate_episodes(game: PriceGame, rng: np.random.Generator, theta0, beta) -
     """Play one episode per entry of ``theta0``/``beta`` (shape ``(n, E)``) with proposals drawn
     from the proposal distribution; an episode ends at the first accepted offer."""
     theta0 = np.asarray(theta0, dtype=float)
+    if theta0.ndim != 2 or np.shape(beta) != theta0.shape:
+        raise ValueError("theta0 and beta must both have shape (n, E)")
     n, episodes = theta0.shape
     s = game.sample_strategies(rng, (n, episodes))
     x = np.minimum(s[..., :1] + s[..., 1:] * np.arange(game.rounds), game.value)
@@ -87,6 +89,8 @@ def stream(game: PriceGame, episodes: Episodes, order=None, length: int | None =
     stream (at most ``E H``); shorter streams are padded with invalid entries.
     """
     order = np.arange(episodes.x.shape[1]) if order is None else np.asarray(order)
+    if order.ndim != 1 or not np.all(np.isin(order, np.arange(episodes.x.shape[1]))):
+        raise ValueError("order must index the episodes of the history")
     n, H = episodes.x.shape[0], game.rounds
     x = episodes.x[:, order].reshape(n, -1)
     y = episodes.y[:, order].reshape(n, -1)
@@ -232,6 +236,8 @@ def meta_train(model: InContextEnsemble, rng: np.random.Generator, *, steps: int
     """Meta-train every member on fresh random histories; returns the losses ``(steps, M)``."""
     steps = check_count(steps, "steps", 1)
     hazard = np.zeros(model.models) if hazard is None else np.asarray(hazard, dtype=float)
+    if hazard.shape != (model.models,) or np.any((hazard < 0) | (hazard > 1)):
+        raise ValueError("hazard must give one probability in [0, 1] per model")
     optim = AdamW(model.parameters(), lr=lr)  # Adam; torch.optim would import its compiler
     losses = []
     model.train()
@@ -278,6 +284,8 @@ def recency_index(p_recent_last, p_recent_first, q_first, q_last) -> np.ndarray:
     one that only sees the latest type.
     """
     gap = np.asarray(q_last) - np.asarray(q_first)
+    if not np.all(np.sum(gap * gap, axis=-1) > 0):
+        raise ValueError("the two types must differ on the probes for the recency index")
     return (np.sum((np.asarray(p_recent_last) - np.asarray(p_recent_first)) * gap, axis=-1)
             / np.sum(gap * gap, axis=-1))
 
