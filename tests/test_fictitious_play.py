@@ -6,9 +6,11 @@ import itertools
 import nashpy as nash
 import numpy as np
 import pytest
+import torch
 from sklearn.linear_model import LogisticRegression
 
 import icml26.fictitious_play as fp
+from icml26.fictitious_play import incontext as ic
 
 GAMES = {"rps": fp.rock_paper_scissors, "shapley": fp.shapley_game}
 
@@ -419,3 +421,114 @@ def test_mixture_picks_by_inverse_cdf_and_rejects_bad_weights():
     assert mix.pick(0.1) is types[0] and mix.pick(0.3) is types[1]
     with pytest.raises(ValueError, match="probability"):
         fp.Mixture(types, np.array([0.5, 0.6]))
+
+
+# --- the in-context opponent model -------------------------------------------------------------
+
+
+def _episodes(n=6, episodes=4, seed=0):
+    game = fp.PriceGame()
+    theta = np.broadcast_to(np.where(np.arange(episodes) < episodes // 2, 0.75, 0.55),
+                            (n, episodes))
+    beta = np.broadcast_to(np.where(np.arange(episodes) < episodes // 2, 0.7, 2.0), (n, episodes))
+    return game, ic.simulate_episodes(game, np.random.default_rng(seed), theta, beta)
+
+
+def test_streams_are_left_aligned_and_reorder_whole_episodes():
+    game, eps = _episodes()
+    x, h, y, valid = ic.stream(game, eps)
+    counts = eps.seen.sum(axis=(1, 2))
+    assert np.array_equal(valid.sum(axis=1), counts)
+    assert all(valid[i, :c].all() and not valid[i, c:].any() for i, c in enumerate(counts))
+    # an episode ends at its first accept: every episode holds at most one accept, at its end
+    assert np.all(eps.y.sum(axis=2) <= 1)
+    rx, rh, ry, rv = ic.stream(game, eps, order=[2, 3, 0, 1])
+    assert np.array_equal(rv.sum(axis=1), counts)
+    first = eps.seen[0, 2].sum()
+    assert np.allclose(rx[0, :first], eps.x[0, 2][eps.seen[0, 2]])
+    assert np.array_equal(rh[0, :first], np.arange(first))
+
+
+def test_attention_mask_sees_only_the_past():
+    valid = torch.tensor([[True, True, True, False]])
+    mask = ic.attention_mask(valid, np.array([0, 1, 2, 3, 3]))[0, 0]
+    L = 4
+    for t in range(3):  # the query of observation t sees observations before t, and itself
+        assert mask[L + t, :L].tolist() == [j < t for j in range(L)]
+        assert mask[L + t, L:].tolist() == [k == t for k in range(5)]
+    assert mask[L + 4, :L].tolist() == [True, True, True, False]  # a probe: every valid one
+    assert mask[1, :L].tolist() == [True, True, False, False]
+
+
+def test_in_context_model_is_causal_and_probes_are_independent():
+    game, eps = _episodes(n=3)
+    model = ic.InContextEnsemble(game, 2, length=20, d_model=16, seed=1)
+    x, h, y, valid = ic.stream(game, eps)
+    with torch.no_grad():
+        full = model(*(np.broadcast_to(a, (2,) + a.shape) for a in (x, h, y, valid, x, h)),
+                     np.arange(x.shape[1]))
+        y2 = y.copy()
+        y2[:, 3:] = 1 - y2[:, 3:]  # change observations 3.. : predictions of 0..3 must not move
+        moved = model(*(np.broadcast_to(a, (2,) + a.shape) for a in (x, h, y2, valid, x, h)),
+                      np.arange(x.shape[1]))
+    assert torch.allclose(full[..., :4], moved[..., :4])
+    assert not torch.allclose(full[..., 5:], moved[..., 5:])
+    px, ph = np.array([0.4, 0.6, 0.7]), np.array([0, 2, 4])
+    together = ic.beliefs(model, x, h, y, valid, px, ph)
+    alone = ic.beliefs(model, x, h, y, valid, px[1:2], ph[1:2])
+    assert np.allclose(together[..., 1:2], alone, atol=1e-6)
+    assert together.shape == (2, 3, 3) and np.all((together > 0) & (together < 1))
+
+
+def test_recency_index_of_known_beliefs():
+    qa, qb = np.array([0.1, 0.5, 0.9]), np.array([0.6, 0.9, 1.0])
+    mix = 0.5 * (qa + qb)
+    assert np.isclose(ic.recency_index(mix, mix, qa, qb), 0.0)
+    assert np.isclose(ic.recency_index(qb, qa, qa, qb), 1.0)
+    gamma, K = 0.8, 3  # a belief linear in discounted weights: (1 - g^K) / (1 + g^K)
+    share = 1 / (1 + gamma**K)
+    ab, ba = share * qb + (1 - share) * qa, share * qa + (1 - share) * qb
+    assert np.isclose(ic.recency_index(ab, ba, qa, qb), (1 - gamma**K) / (1 + gamma**K))
+    with pytest.raises(ValueError, match="differ"):
+        ic.recency_index(ab, ba, qa, qa)
+
+
+def test_incontext_inputs_are_checked():
+    game, eps = _episodes(n=4, episodes=3)
+    with pytest.raises(ValueError, match="order"):
+        ic.stream(game, eps, order=[0, 1, 5])
+    with pytest.raises(ValueError, match="shape"):
+        ic.simulate_episodes(game, np.random.default_rng(0), np.full(3, 0.6), np.ones(3))
+    model = ic.InContextEnsemble(game, 2, length=6, d_model=8)
+    with pytest.raises(ValueError, match="hazard"):
+        ic.meta_train(model, np.random.default_rng(0), steps=1, batch=2, episodes=2,
+                      hazard=[0.0, 1.5])
+
+
+def test_time_averaged_logistic_belief_ignores_order_and_forgetting_does_not():
+    game, eps = _episodes(n=16, episodes=6)
+    px, ph = np.linspace(0.35, 0.8, 5), np.array([0, 1, 2, 3, 4])
+    qa, qb = (fp.sigmoid((px - s.thresholds(5)[ph]) / 0.03)
+              for s in (fp.Seller(0.75, 0.7), fp.Seller(0.55, 2.0)))
+    orders = (np.arange(6), np.r_[3, 4, 5, 0, 1, 2])
+    prior = game.threshold_model(0.3)
+    rho = {}
+    for name, w in {"all": np.ones(6), "window3": np.r_[0, 0, 0, 1.0, 1.0, 1.0]}.items():
+        ab, ba = (ic.logistic_beliefs(game, eps, o, w, px, ph, prior=prior) for o in orders)
+        rho[name] = ic.recency_index(ab, ba, qa, qb)
+    assert np.max(np.abs(rho["all"])) < 1e-5
+    assert rho["window3"].mean() > 0.3
+
+
+def test_meta_training_is_deterministic_and_lowers_the_loss():
+    game = fp.PriceGame()
+
+    def run():
+        model = ic.InContextEnsemble(game, 2, length=20, d_model=16, seed=0)
+        torch.manual_seed(0)
+        return ic.meta_train(model, np.random.default_rng(0), steps=30, batch=8, episodes=4,
+                             hazard=[0.0, 0.3])
+
+    first, second = run(), run()
+    assert first.shape == (30, 2) and np.array_equal(first, second)
+    assert np.all(first[-5:].mean(axis=0) < first[:5].mean(axis=0))

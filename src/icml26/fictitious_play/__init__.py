@@ -3,9 +3,11 @@
 Chapter ``fictitious-play`` of the book. ``matrix`` holds fictitious play and smooth fictitious
 play in matrix games with their regret bound; ``negotiation`` the repeated negotiation games,
 the opponent models, best-of-N scoring by simulation, and the agents compared in the chapter;
-``reactive`` the sellers that react to the buyer and the buyer's exact regret against them.
+``reactive`` the sellers that react to the buyer and the buyer's exact regret against them;
+``incontext`` tiny transformers meta-trained as in-context opponent models.
 """
 
+from . import incontext
 from .matrix import (
     MatrixPlay,
     against_adversary,
@@ -54,7 +56,8 @@ from .reactive import (
 __all__ = [
     "against_adversary", "best_of_n", "bon_choice_probabilities", "candidate_pool", "check_game",
     "entropy", "ExchangeGame", "expected_utility", "Fairness", "fictitious_play", "fit_logistic",
-    "fixed_strategy_values", "HedgeSeller", "LogisticModel", "MatrixPlay", "METHODS", "Mixture",
+    "fixed_strategy_values", "HedgeSeller", "incontext", "LogisticModel", "MatrixPlay", "METHODS",
+    "Mixture",
     "Partner", "play_episode", "PriceGame", "pseudo_data", "Reactive", "regret", "regret_bound",
     "RepeatedRun", "rock_paper_scissors", "run_repeated", "Seller", "seller_surplus",
     "shapley_game", "sigmoid", "simulated_utility", "smooth_best_response",
