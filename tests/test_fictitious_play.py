@@ -499,6 +499,8 @@ def test_incontext_inputs_are_checked():
         ic.stream(game, eps, order=[0, 1, 5])
     with pytest.raises(ValueError, match="shape"):
         ic.simulate_episodes(game, np.random.default_rng(0), np.full(3, 0.6), np.ones(3))
+    with pytest.raises(ValueError, match="multiple of heads"):
+        ic.InContextEnsemble(game, 2, length=6, d_model=10, heads=4)
     model = ic.InContextEnsemble(game, 2, length=6, d_model=8)
     with pytest.raises(ValueError, match="hazard"):
         ic.meta_train(model, np.random.default_rng(0), steps=1, batch=2, episodes=2,

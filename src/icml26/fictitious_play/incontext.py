@@ -146,6 +146,8 @@ class InContextEnsemble(torch.nn.Module):
         self.models = check_count(models, "models", 1)
         self.length = check_count(length, "length", 1)
         d = check_count(d_model, "d_model", 1)
+        if check_count(heads, "heads", 1) and d % heads:
+            raise ValueError(f"d_model ({d}) must be a multiple of heads ({heads})")
         g = torch.Generator().manual_seed(int(seed))
         fdim = RBF_CENTRES + game.rounds
 
