@@ -327,6 +327,28 @@ def test_teacher_script_round_trip(tmp_path):
         assert torch.allclose(a, b) and not a.requires_grad
 
 
+def test_load_or_train_teachers_trains_the_missing_models_from_new_seeds(tmp_path):
+    out = tmp_path / "teachers.pt"
+    pm.main(["--seeds", "3", "1003", "--steps", "2", "--out", str(out)])
+    stored, _, _ = pm.load_teachers(out)
+    models, seeds, recipe = pm.load_or_train_teachers(4, out)
+    assert seeds == [3, 1003, 2003, 3003] and recipe["steps"] == 2 and len(models) == 4
+    again = pm.train_teachers([3003], **recipe)[0]
+    for a, b in zip(models[3].parameters(), again.parameters(), strict=True):
+        assert torch.equal(a, b) and not a.requires_grad
+    for a, b in zip(models[0].parameters(), stored[0].parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert not models[3].training
+    fewer, fewer_seeds, _ = pm.load_or_train_teachers(1, out)  # never drops stored models
+    assert fewer_seeds == [3, 1003] and len(fewer) == 2
+
+
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (2.0, TypeError), (True, TypeError)])
+def test_load_or_train_teachers_rejects_bad_counts(bad, error):
+    with pytest.raises(error, match="n must"):
+        pm.load_or_train_teachers(bad)
+
+
 def test_committed_teachers_follow_the_recipe_and_are_competent():
     from sklearn.linear_model import LogisticRegression
 

@@ -980,11 +980,30 @@ def load_teachers(path=None) -> tuple[list[VARLite], list[int], dict]:
         model = VARLite(recipe["levels"], d_model=recipe["d_model"], d_mlp=recipe["d_mlp"],
                         seed=seed)
         model.load_state_dict(state)
-        for p in model.parameters():
-            p.requires_grad_(False)
-        model.eval()
-        models.append(model)
+        models.append(freeze(model))
     return models, list(blob["seeds"]), recipe
+
+
+def freeze(model: VARLite) -> VARLite:
+    """``model`` in evaluation mode with gradients off (how the chapter uses a dense model)."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.eval()
+
+
+def load_or_train_teachers(n: int, path=None) -> tuple[list[VARLite], list[int], dict]:
+    """At least ``n`` frozen dense models: the stored ones, then more trained from new seeds.
+
+    Models beyond the file's are trained with the file's recipe from seeds that continue its
+    spacing of 1000 (about half a minute of CPU each), so the ``full`` tier can replicate over
+    more dense models than the repository stores.
+    """
+    n = check_count(n, "n", 1)
+    models, seeds, recipe = load_teachers(path)
+    extra = [max(seeds) + 1000 * (i + 1) for i in range(max(0, n - len(models)))]
+    if extra:
+        models += [freeze(m) for m in train_teachers(extra, **recipe)]
+    return models, seeds + extra, recipe
 
 
 def main(argv=None) -> None:
