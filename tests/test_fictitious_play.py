@@ -611,6 +611,37 @@ def test_bargaining_agents_share_candidates_and_order_as_expected():
     assert best in (0.1, 0.3) and means.shape == (2,)
 
 
+def test_judge_from_the_prior_tends_to_the_prior_agent():
+    game, types = AO.AlternatingGame(), AO.SellerTypes()
+    seeds = [[7, r] for r in range(8)]
+    prior = AO.run_bargaining(game, types, "prior", seeds=seeds, episodes=6)
+    wide = AO.run_bargaining(game, types, "judgeprior", seeds=seeds, episodes=6, bandwidth=1e6)
+    assert np.allclose(wide.expected, prior.expected)
+    narrow = AO.run_bargaining(game, types, "judgeprior", seeds=seeds, episodes=6,
+                               bandwidth=0.05)
+    assert np.array_equal(narrow.expected[:, 0], prior.expected[:, 0])  # same first pick
+    # the mirror shift moves what self-simulation picks
+    a, b = (AO.run_bargaining(game, types, "selfsim", seeds=seeds, episodes=6, mirror_shift=d)
+            for d in (-0.15, 0.15))
+    assert not np.array_equal(a.expected, b.expected)
+
+
+def test_misspecified_sellers_play_their_own_types():
+    game, types = AO.AlternatingGame(), AO.SellerTypes()
+    seeds = [[8, r] for r in range(12)]
+    same = AO.run_bargaining(game, types, "sfp", seeds=seeds, episodes=5, seller_types=types)
+    default = AO.run_bargaining(game, types, "sfp", seeds=seeds, episodes=5)
+    assert np.array_equal(same.expected, default.expected)
+    off = AO.SellerTypes(theta0=(0.7, 0.62, 0.52, 0.4), beta=(0.8, 1.6, 0.7, 2.5),
+                         markup=(0.15, 0.06, 0.12, 0.08))
+    oracle = AO.run_bargaining(game, types, "oracle", seeds=seeds, episodes=5, seller_types=off)
+    sellers = AO.seller_sequence(off, seeds, 5, False)
+    pool = np.array([game.sample_strategies(np.random.default_rng([*s, 12]), (5, 64))
+                     for s in seeds])[:, :, :16]
+    best = AO.type_utilities(game, off, pool).max(axis=2)  # (R, T, J) best over candidates
+    assert np.allclose(oracle.expected, np.take_along_axis(best, sellers[:, :, None], 2)[..., 0])
+
+
 def test_bargaining_inputs_are_checked():
     game, types = AO.AlternatingGame(), AO.SellerTypes()
     with pytest.raises(ValueError, match="method"):

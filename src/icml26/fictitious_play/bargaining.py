@@ -23,8 +23,11 @@ draws) and the seller's coins; they differ only in how a candidate is scored:
   of the prior;
 * ``"judge"``: scored without simulating the seller, by a kernel regression of the realised
   utilities of the plans played so far (the paper's evaluation-model baseline);
+* ``"judgeprior"``: the judge started from the prior agent's value of each plan: it regresses
+  the residual of the realised utility from that value, so it knows what ``"prior"`` knows and
+  learns from outcomes only, never from the seller's moves;
 * ``"selfsim"``: simulated against a copy of the buyer itself in the seller's role, mirrored
-  around the mean past deal price (the paper's self-simulation baseline);
+  around the mean past deal price plus ``mirror_shift`` (the paper's self-simulation baseline);
 * ``"oracle"``: simulated against the true type of the episode.
 """
 
@@ -40,7 +43,7 @@ from icml26.core import check_count, check_positive
 
 from .negotiation import sigmoid
 
-AO_METHODS = ("base", "prior", "sfp", "judge", "selfsim", "oracle")
+AO_METHODS = ("base", "prior", "sfp", "judge", "judgeprior", "selfsim", "oracle")
 """The agents of :func:`run_bargaining`."""
 
 _SQRT_2PI = np.sqrt(2 * np.pi)
@@ -175,13 +178,16 @@ def selfsim_utilities(game: AlternatingGame, strategies, anchor, steepness: floa
     return plan_utility(game, x, s[..., 2], p, mu, spread)
 
 
-def play(game: AlternatingGame, types: SellerTypes, strategies, type_index, coins, noise):
+def play(game: AlternatingGame, types: SellerTypes, strategies, type_index, coins, noise,
+         seller_types: SellerTypes | None = None):
     """Play one episode per row against the true types, vectorised over rows.
 
     ``strategies`` ``(R, 3)``, ``type_index`` ``(R,)``, ``coins`` (uniforms deciding the seller's
     acceptance) and ``noise`` (standard normals of its counters), both ``(R, H)``. Returns
     ``(utility (R,), price (R,) or NaN, loglik (R, J))``: ``loglik`` is the log-likelihood of
     the seller's observed moves under each type (the buyer's own choices carry no information).
+    The seller plays type ``type_index`` of ``seller_types`` (``types`` by default); the
+    likelihood is always under ``types``, the buyer's hypotheses.
     """
     s = game.check_strategies(strategies)
     r = s.shape[0]
@@ -192,9 +198,10 @@ def play(game: AlternatingGame, types: SellerTypes, strategies, type_index, coin
     x = game.offers(s)
     theta, mu = types.thresholds(game), types.counters(game)
     p_all = sigmoid((x[:, None, :] - theta) / types.steepness)  # (R, J, H)
-    p = p_all[np.arange(r), k]
+    true = types if seller_types is None else seller_types
+    p = sigmoid((x - true.thresholds(game)[k]) / true.steepness)
     seller_yes = coins < p
-    counter = mu[k] + types.spread * noise
+    counter = true.counters(game)[k] + true.spread * noise
     buyer_yes = ~seller_yes & (counter <= s[:, 2:3])
     ended = seller_yes | buyer_yes
     stop = np.where(ended.any(axis=1), ended.argmax(axis=1), game.rounds)
@@ -267,15 +274,19 @@ def seller_sequence(types: SellerTypes, seeds, episodes: int, redraw: bool,
 def run_bargaining(game: AlternatingGame, types: SellerTypes, method: str, *, seeds,
                    episodes: int, n_candidates: int = 16, redraw: bool = False, prior=None,
                    prior_weight: float = 1.0, bandwidth: float = 0.2, anchor: float = 0.5,
-                   seller_prior=None) -> BargainRun:
+                   seller_prior=None, mirror_shift: float = 0.0,
+                   seller_types: SellerTypes | None = None) -> BargainRun:
     """Play ``episodes`` alternating-offers negotiations with one agent, one replicate per seed.
 
     Every agent with the same seeds meets the same sellers, the same candidates (the first
     ``n_candidates`` of a pool of 64 per episode) and the same coins. ``prior`` is the buyer's
     prior over types (uniform by default); ``prior_weight`` its weight in pseudo-episodes for
     ``"sfp"``; ``bandwidth`` the judge's kernel width (on plans scaled to the unit cube);
-    ``anchor`` the self-simulation's mirror point before the first deal. ``seller_prior`` is the
-    distribution the seller's types are drawn from (uniform by default).
+    ``anchor`` the self-simulation's mirror point before the first deal and ``mirror_shift`` the
+    offset it adds to the mirror point. ``seller_prior`` is the distribution the seller's types
+    are drawn from (uniform by default). ``seller_types`` are the types the seller really plays
+    (``types``, the buyer's hypotheses, by default): with other types the buyer's model is
+    misspecified, and the oracle best-responds to the seller's true type.
     """
     if method not in AO_METHODS:
         raise ValueError(f"method must be one of {AO_METHODS}, got {method!r}")
@@ -291,7 +302,8 @@ def run_bargaining(game: AlternatingGame, types: SellerTypes, method: str, *, se
     prior = np.full(j, 1 / j) if prior is None else np.asarray(prior, dtype=float)
     if prior.shape != (j,) or np.any(prior < 0) or not np.isclose(prior.sum(), 1):
         raise ValueError("prior must be a probability vector over the types")
-    sellers = seller_sequence(types, seeds, episodes, redraw, seller_prior)
+    true = types if seller_types is None else seller_types
+    sellers = seller_sequence(true, seeds, episodes, redraw, seller_prior)
     pools, coins, noise = [], [], []
     for seed in seeds:
         rng = np.random.default_rng([*np.atleast_1d(seed).tolist(), 12])
@@ -304,10 +316,12 @@ def run_bargaining(game: AlternatingGame, types: SellerTypes, method: str, *, se
     rows = np.arange(r)
     expected, utilities = np.zeros((r, episodes)), np.zeros((r, episodes))
     counts = prior_weight * np.broadcast_to(prior, (r, j)).copy()
-    beliefs, played, deal_sum, deal_n = [], [], np.zeros(r), np.zeros(r)
+    beliefs, played, played_prior = [], [], []
+    deal_sum, deal_n = np.zeros(r), np.zeros(r)
     for t in range(episodes):
         cand = pool[:, t]  # (R, N, 3)
         eu = type_utilities(game, types, cand)  # (R, N, J)
+        eu_true = eu if seller_types is None else type_utilities(game, true, cand)
         belief = counts / counts.sum(axis=1, keepdims=True)
         beliefs.append(belief)
         if method == "base" or n == 1:
@@ -317,26 +331,31 @@ def run_bargaining(game: AlternatingGame, types: SellerTypes, method: str, *, se
         elif method == "sfp":
             scores = np.einsum("rnj,rj->rn", eu, belief)
         elif method == "oracle":
-            scores = eu[rows, :, sellers[:, t]]
+            scores = eu_true[rows, :, sellers[:, t]]
         elif method == "selfsim":
-            m = np.where(deal_n > 0, deal_sum / np.maximum(deal_n, 1), anchor)
+            m = np.where(deal_n > 0, deal_sum / np.maximum(deal_n, 1), anchor) + mirror_shift
             scores = selfsim_utilities(game, cand, m[:, None], types.steepness, types.spread)
-        else:  # judge: kernel regression of realised utility on the plans played so far
+        else:  # judge(prior): kernel regression of realised utility on the plans played so far
+            base_value = eu @ prior if method == "judgeprior" else np.zeros((r, n))
             if t == 0:
-                scores = np.zeros((r, n))
+                scores = base_value
             else:
                 past = np.stack([p for p, _ in played], axis=1)  # (R, t, 3)
                 u = np.stack([v for _, v in played], axis=1)  # (R, t)
+                if method == "judgeprior":  # learn the residual from the prior's value
+                    u = u - np.stack(played_prior, axis=1)
                 d2 = (((cand[:, :, None, :] - past[:, None, :, :]) / scale) ** 2).sum(-1)
                 k = np.exp(-0.5 * d2 / bandwidth ** 2)  # (R, N, t)
-                scores = (k * u[:, None, :]).sum(-1) / (k.sum(-1) + 1e-3)
+                scores = base_value + (k * u[:, None, :]).sum(-1) / (k.sum(-1) + 1e-3)
         pick = scores.argmax(axis=1)
         plan = cand[rows, pick]
-        utility, price, loglik = play(game, types, plan, sellers[:, t], coins[:, t], noise[:, t])
-        expected[:, t] = eu[rows, pick, sellers[:, t]]
+        utility, price, loglik = play(game, types, plan, sellers[:, t], coins[:, t], noise[:, t],
+                                      seller_types)
+        expected[:, t] = eu_true[rows, pick, sellers[:, t]]
         utilities[:, t] = utility
         counts = counts + posterior(loglik)
         played.append((plan, utility))
+        played_prior.append(eu[rows, pick] @ prior)
         deal = ~np.isnan(price)
         deal_sum += np.where(deal, price, 0.0)
         deal_n += deal
