@@ -534,3 +534,132 @@ def test_meta_training_is_deterministic_and_lowers_the_loss():
     first, second = run(), run()
     assert first.shape == (30, 2) and np.array_equal(first, second)
     assert np.all(first[-5:].mean(axis=0) < first[:5].mean(axis=0))
+
+
+# --- alternating offers (counter-offers) ------------------------------------------------------
+
+AO = fp.bargaining
+
+
+def test_alternating_offers_exact_utility_matches_monte_carlo():
+    game, types = AO.AlternatingGame(), AO.SellerTypes()
+    rng = np.random.default_rng(0)
+    plans = game.sample_strategies(rng, 4)
+    exact = AO.type_utilities(game, types, plans)
+    assert exact.shape == (4, types.n_types)
+    for i, plan in enumerate(plans):
+        for k in range(types.n_types):
+            u = AO.simulate_utility(game, types, plan, k, 40000, rng)
+            assert abs(u.mean() - exact[i, k]) < 5 * u.std(ddof=1) / np.sqrt(u.size) + 1e-9
+
+
+def test_plan_utility_special_cases():
+    game = AO.AlternatingGame(rounds=3, discount=0.5)
+    x = np.array([[0.2, 0.3, 0.4]])
+    # a seller that always accepts: the first offer is the deal
+    u = AO.plan_utility(game, x, np.array([0.5]), np.ones((1, 3)), np.full((1, 3), 0.9), 0.05)
+    assert np.isclose(u[0], 0.8)
+    # a seller that never accepts and counters far above the threshold: no deal
+    u = AO.plan_utility(game, x, np.array([0.3]), np.zeros((1, 3)), np.full((1, 3), 0.95), 0.01)
+    assert abs(u[0]) < 1e-12
+    # never accepts, counters far below the threshold: the first counter is taken
+    u = AO.plan_utility(game, x, np.array([0.9]), np.zeros((1, 3)), np.full((1, 3), 0.4), 0.001)
+    assert np.isclose(u[0], 0.6, atol=1e-6)
+
+
+def test_self_simulation_mirrors_the_buyer():
+    game = AO.AlternatingGame(rounds=1)
+    plan = np.array([[0.3, 0.0, 0.8]])
+    # mirrored around 0.5 the copy accepts offers above 2*0.5 - 0.8 = 0.2: the offer 0.3 goes
+    high = AO.selfsim_utilities(game, plan, 0.5, 0.001, 0.05)
+    assert np.isclose(high[0], 0.7, atol=1e-6)
+    # around 0.55 it accepts above 0.3 = the offer (half the time, price 0.3) and otherwise
+    # counters at 1.1 - 0.3 = 0.8 = a (taken half the time): 0.5 * 0.7 + 0.25 * 0.2
+    mid = AO.selfsim_utilities(game, plan, 0.55, 0.001, 0.001)
+    assert np.isclose(mid[0], 0.4, atol=0.01)
+    # around 0.7 it wants more than 0.6 and counters above a: no deal
+    assert abs(AO.selfsim_utilities(game, plan, 0.7, 0.001, 0.001)[0]) < 1e-9
+
+
+def test_type_posterior_concentrates_and_redraw_belief_returns_to_prior():
+    game, types = AO.AlternatingGame(), AO.SellerTypes()
+    seeds = [[5, r] for r in range(24)]
+    run = AO.run_bargaining(game, types, "sfp", seeds=seeds, episodes=12)
+    true = AO.seller_sequence(types, seeds, 12, False)[:, 0]
+    assert run.beliefs.shape == (24, 12, 3)
+    assert np.allclose(run.beliefs.sum(-1), 1)
+    assert run.beliefs[np.arange(24), -1, true].mean() > 0.8
+    redraw = AO.run_bargaining(game, types, "sfp", seeds=seeds, episodes=12, redraw=True)
+    assert np.abs(redraw.beliefs[:, -1].mean(0) - 1 / 3).max() < 0.1
+    seq = AO.seller_sequence(types, seeds, 12, True)
+    assert np.any(seq != seq[:, :1])
+
+
+def test_bargaining_agents_share_candidates_and_order_as_expected():
+    game, types = AO.AlternatingGame(), AO.SellerTypes()
+    seeds = [[6, r] for r in range(32)]
+    u = {m: AO.run_bargaining(game, types, m, seeds=seeds, episodes=10).mean()
+         for m in AO.AO_METHODS}
+    assert u["oracle"].mean() >= u["sfp"].mean() > u["prior"].mean() > u["base"].mean()
+    # with one candidate every agent plays the same plan
+    one = [AO.run_bargaining(game, types, m, seeds=seeds[:4], episodes=5, n_candidates=1)
+           for m in AO.AO_METHODS]
+    for run in one[1:]:
+        assert np.array_equal(run.expected, one[0].expected)
+    best, means = AO.tune(game, types, "judge", "bandwidth", (0.1, 0.3), seeds=seeds[:4],
+                          episodes=5)
+    assert best in (0.1, 0.3) and means.shape == (2,)
+
+
+def test_judge_from_the_prior_tends_to_the_prior_agent():
+    game, types = AO.AlternatingGame(), AO.SellerTypes()
+    seeds = [[7, r] for r in range(8)]
+    prior = AO.run_bargaining(game, types, "prior", seeds=seeds, episodes=6)
+    wide = AO.run_bargaining(game, types, "judgeprior", seeds=seeds, episodes=6, bandwidth=1e6)
+    assert np.allclose(wide.expected, prior.expected)
+    narrow = AO.run_bargaining(game, types, "judgeprior", seeds=seeds, episodes=6,
+                               bandwidth=0.05)
+    assert np.array_equal(narrow.expected[:, 0], prior.expected[:, 0])  # same first pick
+    # the mirror shift moves what self-simulation picks
+    a, b = (AO.run_bargaining(game, types, "selfsim", seeds=seeds, episodes=6, mirror_shift=d)
+            for d in (-0.15, 0.15))
+    assert not np.array_equal(a.expected, b.expected)
+
+
+def test_misspecified_sellers_play_their_own_types():
+    game, types = AO.AlternatingGame(), AO.SellerTypes()
+    seeds = [[8, r] for r in range(12)]
+    same = AO.run_bargaining(game, types, "sfp", seeds=seeds, episodes=5, seller_types=types)
+    default = AO.run_bargaining(game, types, "sfp", seeds=seeds, episodes=5)
+    assert np.array_equal(same.expected, default.expected)
+    off = AO.SellerTypes(theta0=(0.7, 0.62, 0.52, 0.4), beta=(0.8, 1.6, 0.7, 2.5),
+                         markup=(0.15, 0.06, 0.12, 0.08))
+    oracle = AO.run_bargaining(game, types, "oracle", seeds=seeds, episodes=5, seller_types=off)
+    sellers = AO.seller_sequence(off, seeds, 5, False)
+    pool = np.array([game.sample_strategies(np.random.default_rng([*s, 12]), (5, 64))
+                     for s in seeds])[:, :, :16]
+    best = AO.type_utilities(game, off, pool).max(axis=2)  # (R, T, J) best over candidates
+    assert np.allclose(oracle.expected, np.take_along_axis(best, sellers[:, :, None], 2)[..., 0])
+
+
+def test_bargaining_inputs_are_checked():
+    game, types = AO.AlternatingGame(), AO.SellerTypes()
+    with pytest.raises(ValueError, match="method"):
+        AO.run_bargaining(game, types, "nope", seeds=[0], episodes=2)
+    with pytest.raises(ValueError, match="prior"):
+        AO.run_bargaining(game, types, "sfp", seeds=[0], episodes=2, prior=[0.5, 0.5])
+    with pytest.raises(ValueError, match="prior_weight"):
+        AO.run_bargaining(game, types, "sfp", seeds=[0], episodes=2, prior_weight=0)
+    with pytest.raises(ValueError, match="replicate seed"):
+        AO.run_bargaining(game, types, "sfp", seeds=[], episodes=2)
+    with pytest.raises(ValueError, match="discount"):
+        AO.AlternatingGame(discount=0)
+    with pytest.raises(ValueError, match="one entry per type"):
+        AO.SellerTypes(theta0=(0.8, 0.6), beta=(1.0,), markup=(0.1, 0.1))
+    with pytest.raises(ValueError, match="plans"):
+        game.offers(np.zeros((2, 2)))
+    with pytest.raises(ValueError, match="grid"):
+        AO.tune(game, types, "sfp", "prior_weight", (), seeds=[0], episodes=2)
+    with pytest.raises(ValueError, match="one type per row"):
+        AO.play(game, types, np.zeros((2, 3)), np.zeros(3, dtype=int), np.zeros((2, 3)),
+                np.zeros((2, 3)))

@@ -4,10 +4,12 @@ Chapter ``fictitious-play`` of the book. ``matrix`` holds fictitious play and sm
 play in matrix games with their regret bound; ``negotiation`` the repeated negotiation games,
 the opponent models, best-of-N scoring by simulation, and the agents compared in the chapter;
 ``reactive`` the sellers that react to the buyer and the buyer's exact regret against them;
-``incontext`` tiny transformers meta-trained as in-context opponent models.
+``incontext`` tiny transformers meta-trained as in-context opponent models; ``bargaining``
+the alternating-offers game (counter-offers) with a belief over seller types and the paper's
+judge and self-simulation baselines.
 """
 
-from . import incontext
+from . import bargaining, incontext
 from .matrix import (
     MatrixPlay,
     against_adversary,
@@ -54,7 +56,8 @@ from .reactive import (
 )
 
 __all__ = [
-    "against_adversary", "best_of_n", "bon_choice_probabilities", "candidate_pool", "check_game",
+    "against_adversary", "bargaining", "best_of_n", "bon_choice_probabilities", "candidate_pool",
+    "check_game",
     "entropy", "ExchangeGame", "expected_utility", "Fairness", "fictitious_play", "fit_logistic",
     "fixed_strategy_values", "HedgeSeller", "incontext", "LogisticModel", "MatrixPlay", "METHODS",
     "Mixture",
