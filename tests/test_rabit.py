@@ -461,3 +461,22 @@ def test_replicate_metrics_are_per_replicate_and_subset_splits(tiny_teacher):
     assert part.count == 1 and part.flips[0].tolist() == rabit.flips[1].tolist()
     np.testing.assert_allclose(part.nll(tokens, min_context=1),
                                rabit.nll(tokens, min_context=1)[1:], rtol=1e-6)
+
+
+def test_replicates_may_quantise_different_teachers(tiny_teacher):
+    """With one teacher per replicate, replicate r quantises and distils from teacher r: it
+    matches a one-replicate run on that teacher alone, and a wrong count is refused."""
+    teacher, tokens = tiny_teacher
+    other = tnn.TinyGPT(teacher.config, seed=5)
+    tnn.train(other, tokens, steps=3, batch_size=4, lr=1e-2, seed=5)
+    paths = [rb.initial_paths(t, tokens[:8, :8]) for t in (teacher, other)]
+    kwargs = dict(steps=3, lr=1e-3, batch_size=4)
+    both = rb.qat_replicates([teacher, other], "independent", paths, tokens, seeds=[1, 2],
+                             **kwargs)
+    alone = rb.qat_replicates(other, "independent", paths[1:], tokens, seeds=[2], **kwargs)
+    np.testing.assert_allclose(both.nll(tokens, min_context=1)[1:],
+                               alone.nll(tokens, min_context=1), rtol=1e-5)
+    np.testing.assert_allclose(both.losses[:, 1].numpy(), alone.losses[:, 0].numpy(), rtol=1e-3,
+                               atol=1e-7)
+    with pytest.raises(ValueError, match="one teacher per replicate"):
+        rb.qat_replicates([teacher], "rabit", paths, tokens, seeds=[1, 2], **kwargs)

@@ -263,24 +263,30 @@ def stacked_path_signs(params: dict[str, torch.Tensor], layer: str, mode: str,
     """Signs ``(R, P, m, n)`` of quantised layer ``layer`` from stacked parameters (Eq.
     `eq-rabit` for ``mode="rabit"``, the latents' own signs otherwise)."""
     from icml26.rabit.binarize import binary_sign
+    if mode != "rabit":  # independent latents: each path is the sign of its own latent
+        return torch.stack([binary_sign(params[f"{layer}.latents.{p}"]) for p in range(count)], 1)
     signs, residual = [], params[f"{layer}.latents.0"]
     for p in range(count):
-        source = residual if mode == "rabit" else params[f"{layer}.latents.{p}"]
-        sign = binary_sign(source)
+        sign = binary_sign(residual)
         signs.append(sign)
-        scale = (params[f"{layer}.out_scales.{p}"][:, :, None]
-                 * params[f"{layer}.in_scales.{p}"][:, None, :])
-        residual = residual - scale * sign
+        if p + 1 < count:
+            scale = (params[f"{layer}.out_scales.{p}"][:, :, None]
+                     * params[f"{layer}.in_scales.{p}"][:, None, :])
+            residual = residual - scale * sign
     return torch.stack(signs, 1)
 
 
-def qat_replicates(teacher: nn.Module, method: str, paths: list[dict[str, BinaryPaths]],
-                   train_tokens, *, steps: int, lr, seeds, batch_size: int = 32,
-                   ste: str = "identity", track: bool = True) -> Replicates:
+def qat_replicates(teacher: nn.Module | list[nn.Module], method: str,
+                   paths: list[dict[str, BinaryPaths]], train_tokens, *, steps: int, lr, seeds,
+                   batch_size: int = 32, ste: str = "identity", track: bool = True) -> Replicates:
     """Quantise ``teacher`` once per element of ``paths`` (one replicate each: its own
     calibration batch, hence its own initial paths) and train all replicates at once by
     distillation from ``teacher``, replicate ``r`` on the batches of ``seeds[r]``, at the rate
     ``lr`` (or ``lr[r]``, to calibrate a rate over a grid in one run).
+
+    ``teacher`` may also be a list of full-precision models of one architecture, one per
+    replicate: replicate ``r`` then quantises ``teacher[r]`` (``paths[r]`` must be its paths) and
+    distils from it, so that the replicates vary the full-precision model too.
 
     The training is that of :func:`run_qat` (AdamW, warm-up and cosine decay, clipping), for all
     replicates in one stacked model. With ``track``, the signs of every path method are compared
@@ -289,10 +295,18 @@ def qat_replicates(teacher: nn.Module, method: str, paths: list[dict[str, Binary
     from icml26.rabit.stacked import stack_parameters, train_stacked
     if len(paths) != len(list(seeds)):
         raise ValueError("need one set of paths per seed")
-    for parameter in teacher.parameters():
-        parameter.requires_grad_(False)
-    students = [build_quantized(teacher, method, p, ste) for p in paths]
+    teachers = list(teacher) if isinstance(teacher, (list, tuple)) else [teacher] * len(paths)
+    if len(teachers) != len(paths):
+        raise ValueError(f"need one teacher per replicate ({len(paths)}), got {len(teachers)}")
+    for model in teachers:
+        for parameter in model.parameters():
+            parameter.requires_grad_(False)
+    students = [build_quantized(t, method, p, ste) for t, p in zip(teachers, paths, strict=True)]
     trainable, fixed = stack_parameters(students)
+    if all(t is teachers[0] for t in teachers):  # one teacher shared by every replicate
+        teacher_stack = (teachers[0], None)
+    else:
+        teacher_stack = (teachers[0], stack_parameters(teachers)[1])
     template = students[0]
     count = len(paths)
     layers = list(quantized_layers(template))
@@ -325,7 +339,7 @@ def qat_replicates(teacher: nn.Module, method: str, paths: list[dict[str, Binary
         previous = current
 
     losses = train_stacked(template, trainable, fixed, train_tokens, steps=steps, lrs=lr,
-                           seeds=seeds, batch_size=batch_size, teacher=(teacher, None),
+                           seeds=seeds, batch_size=batch_size, teacher=teacher_stack,
                            callback=callback if track else None)
     if track:
         end = levels_now()
