@@ -480,3 +480,23 @@ def test_replicates_may_quantise_different_teachers(tiny_teacher):
                                atol=1e-7)
     with pytest.raises(ValueError, match="one teacher per replicate"):
         rb.qat_replicates([teacher], "rabit", paths, tokens, seeds=[1, 2], **kwargs)
+
+
+@pytest.mark.parametrize("method", ["independent", "rabit"])
+def test_flip_rates_agree_with_the_path_signs(tiny_teacher, method):
+    """The tracked per-path flip rates equal those computed from the path signs (Eq.
+    `eq-rabit` for RaBiT) of the trained stack against the initial paths."""
+    teacher, tokens = tiny_teacher
+    paths = rb.initial_paths(teacher, tokens[:8, :8])
+    run = rb.qat_replicates(teacher, method, [paths], tokens, seeds=[3], steps=4, lr=3e-2,
+                            batch_size=4)
+    params = {**run.fixed, **run.trainable}
+    mode = "rabit" if method == "rabit" else "independent"
+    flipped, total = np.zeros(2), 0
+    for name, start in paths.items():
+        end = rb.stacked_path_signs(params, name, mode, 2)[0]
+        for p in range(2):
+            flipped[p] += (end[p] != start.signs[p].to(end.dtype)).sum().item()
+        total += start.signs[0].numel()
+    np.testing.assert_allclose(run.flips[0], flipped / total, atol=1e-12)
+    assert flipped.sum() > 0

@@ -322,8 +322,15 @@ def qat_replicates(teacher: nn.Module | list[nn.Module], method: str,
         with torch.no_grad():
             levels = {}
             for name in layers:
-                signs = stacked_path_signs(params, name, mode, n_paths) > 0
-                levels[name] = (2 * signs[:, 0] + signs[:, 1]).to(torch.int8)
+                first = params[f"{name}.latents.0"]
+                if mode == "rabit":  # Eq. `eq-rabit`: path 2 binarizes w - G_1 b_1
+                    scale = (params[f"{name}.out_scales.0"][:, :, None]
+                             * params[f"{name}.in_scales.0"][:, None, :])
+                    up = first >= 0
+                    second = first - torch.where(up, scale, -scale) >= 0
+                else:
+                    up, second = first >= 0, params[f"{name}.latents.1"] >= 0
+                levels[name] = up.to(torch.int8).mul_(2).add_(second.to(torch.int8))
             return levels
 
     start = levels_now() if track else {}
