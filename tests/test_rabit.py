@@ -463,6 +463,22 @@ def test_replicate_metrics_are_per_replicate_and_subset_splits(tiny_teacher):
                                rabit.nll(tokens, min_context=1)[1:], rtol=1e-6)
 
 
+def test_rabit_skips_only_where_a_step_outruns_the_gap(tiny_teacher):
+    """RaBiT's level index is monotone in its latent (thresholds -G_1, 0, G_1), so it skips a
+    level only where one step moves the latent farther than G_1 (or G_1 <= 0): with steps large
+    against the scales it does skip, and every skip is of that kind; independent paths count none
+    as unexplained (the count is RaBiT's)."""
+    teacher, tokens = tiny_teacher
+    paths = rb.initial_paths(teacher, tokens[:8, :8])
+    kwargs = dict(steps=6, lr=3e-2, batch_size=4, seeds=[1, 2])
+    rabit = rb.qat_replicates(teacher, "rabit", [paths, paths], tokens, **kwargs)
+    assert rabit.level_skips.sum() > 0
+    assert rabit.unexplained_skips.tolist() == [0.0, 0.0]
+    assert rabit.subset([1]).unexplained_skips.tolist() == [0.0]
+    independent = rb.qat_replicates(teacher, "independent", [paths, paths], tokens, **kwargs)
+    assert independent.level_skips.sum() > 0 and independent.unexplained_skips.sum() == 0
+
+
 def test_replicates_may_quantise_different_teachers(tiny_teacher):
     """With one teacher per replicate, replicate r quantises and distils from teacher r: it
     matches a one-replicate run on that teacher alone, and a wrong count is refused."""

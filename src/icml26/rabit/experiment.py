@@ -216,6 +216,12 @@ class Replicates:
     ``level_skips`` and ``level_changes`` count, per replicate and over every step, the weights
     whose level index $2[b_1 > 0] + [b_2 > 0]$ changed by more than one and by any amount;
     ``flips[r, p]`` is the fraction of path $p$'s signs that differ from the start.
+
+    ``unexplained_skips`` (RaBiT only, zeros otherwise) counts the skips that Eq. `eq-nearest`
+    rules out: at entries where $G_1 > 0$ before and after the step and the latent moved by at
+    most $\min(G_1^{before}, G_1^{after})$. RaBiT's level index is monotone in its latent with
+    thresholds $-G_1, 0, G_1$, so a skip needs a step longer than $G_1$ (or $G_1 \le 0$) and this
+    count is zero by construction; the raw skip count need not be.
     """
 
     method: str
@@ -227,6 +233,11 @@ class Replicates:
     level_skips: np.ndarray
     level_changes: np.ndarray
     flips: np.ndarray
+    unexplained_skips: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.unexplained_skips is None:
+            self.unexplained_skips = np.zeros_like(self.level_skips)
 
     @property
     def count(self) -> int:
@@ -250,7 +261,8 @@ class Replicates:
         return Replicates(self.method, lr, self.template,
                           {n: t[index] for n, t in self.trainable.items()},
                           {n: t[index] for n, t in self.fixed.items()}, self.losses[:, index],
-                          self.level_skips[rows], self.level_changes[rows], self.flips[rows])
+                          self.level_skips[rows], self.level_changes[rows], self.flips[rows],
+                          self.unexplained_skips[rows])
 
     def nll(self, sequences, min_context: int = 0) -> np.ndarray:
         from icml26.rabit.stacked import stacked_nll
@@ -315,6 +327,8 @@ def qat_replicates(teacher: nn.Module | list[nn.Module], method: str,
     n_paths = quantized_layers(template)[layers[0]].count if layers and method != "lsq" else 0
     skips, changes = torch.zeros(count, dtype=torch.float64), torch.zeros(count,
                                                                           dtype=torch.float64)
+    unexplained = torch.zeros(count, dtype=torch.float64)
+    gaps: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # RaBiT: (latent, G_1) per layer
 
     def levels_now() -> dict[str, torch.Tensor]:
         """Level index 2 [b_1 > 0] + [b_2 > 0] of every weight, ``(R, m, n)`` int8 per layer."""
@@ -328,22 +342,29 @@ def qat_replicates(teacher: nn.Module | list[nn.Module], method: str,
                              * params[f"{name}.in_scales.0"][:, None, :])
                     up = first >= 0
                     second = first - torch.where(up, scale, -scale) >= 0
+                    gaps[name] = (first.clone(), scale)
                 else:
                     up, second = first >= 0, params[f"{name}.latents.1"] >= 0
                 levels[name] = up.to(torch.int8).mul_(2).add_(second.to(torch.int8))
             return levels
 
     start = levels_now() if track else {}
-    previous = dict(start)
+    previous, previous_gaps = dict(start), dict(gaps)
 
     def callback(step: int) -> None:
-        nonlocal previous
+        nonlocal previous, previous_gaps
         current = levels_now()
         for name, after in current.items():
             moved = (after - previous[name]).abs_().flatten(1)
-            skips.add_((moved > 1).sum(1))
+            skipped = moved > 1
+            skips.add_(skipped.sum(1))
             changes.add_((moved > 0).sum(1))
-        previous = current
+            if mode == "rabit" and skipped.any():  # rare: test each skip against Eq. eq-nearest
+                (w_old, g_old), (w_new, g_new) = previous_gaps[name], gaps[name]
+                ruled_out = ((g_old > 0) & (g_new > 0)
+                             & ((w_new - w_old).abs() <= torch.minimum(g_old, g_new)))
+                unexplained.add_((skipped & ruled_out.flatten(1)).sum(1))
+        previous, previous_gaps = current, dict(gaps)
 
     losses = train_stacked(template, trainable, fixed, train_tokens, steps=steps, lrs=lr,
                            seeds=seeds, batch_size=batch_size, teacher=teacher_stack,
@@ -358,4 +379,4 @@ def qat_replicates(teacher: nn.Module | list[nn.Module], method: str,
         flips = np.full((count, 0), np.nan)
     lr = float(lr) if np.ndim(lr) == 0 else tuple(float(v) for v in lr)
     return Replicates(method, lr, template, trainable, fixed, losses, skips.numpy(),
-                      changes.numpy(), flips)
+                      changes.numpy(), flips, unexplained.numpy())
