@@ -211,7 +211,7 @@ def sweep_learning_rate(teacher: nn.Module, method: str, paths: dict[str, Binary
 
 @dataclass
 class Replicates:
-    """QAT of one method on ``R`` replicates at once (:mod:`icml26.rabit.stacked`).
+    r"""QAT of one method on ``R`` replicates at once (:mod:`icml26.rabit.stacked`).
 
     ``level_skips`` and ``level_changes`` count, per replicate and over every step, the weights
     whose level index $2[b_1 > 0] + [b_2 > 0]$ changed by more than one and by any amount;
