@@ -461,3 +461,58 @@ def test_replicate_metrics_are_per_replicate_and_subset_splits(tiny_teacher):
     assert part.count == 1 and part.flips[0].tolist() == rabit.flips[1].tolist()
     np.testing.assert_allclose(part.nll(tokens, min_context=1),
                                rabit.nll(tokens, min_context=1)[1:], rtol=1e-6)
+
+
+def test_rabit_skips_only_where_a_step_outruns_the_gap(tiny_teacher):
+    """RaBiT's level index is monotone in its latent (thresholds -G_1, 0, G_1), so it skips a
+    level only where one step moves the latent farther than G_1 (or G_1 <= 0): with steps large
+    against the scales it does skip, and every skip is of that kind; independent paths count none
+    as unexplained (the count is RaBiT's)."""
+    teacher, tokens = tiny_teacher
+    paths = rb.initial_paths(teacher, tokens[:8, :8])
+    kwargs = dict(steps=6, lr=3e-2, batch_size=4, seeds=[1, 2])
+    rabit = rb.qat_replicates(teacher, "rabit", [paths, paths], tokens, **kwargs)
+    assert rabit.level_skips.sum() > 0
+    assert rabit.unexplained_skips.tolist() == [0.0, 0.0]
+    assert rabit.subset([1]).unexplained_skips.tolist() == [0.0]
+    independent = rb.qat_replicates(teacher, "independent", [paths, paths], tokens, **kwargs)
+    assert independent.level_skips.sum() > 0 and independent.unexplained_skips.sum() == 0
+
+
+def test_replicates_may_quantise_different_teachers(tiny_teacher):
+    """With one teacher per replicate, replicate r quantises and distils from teacher r: it
+    matches a one-replicate run on that teacher alone, and a wrong count is refused."""
+    teacher, tokens = tiny_teacher
+    other = tnn.TinyGPT(teacher.config, seed=5)
+    tnn.train(other, tokens, steps=3, batch_size=4, lr=1e-2, seed=5)
+    paths = [rb.initial_paths(t, tokens[:8, :8]) for t in (teacher, other)]
+    kwargs = dict(steps=3, lr=1e-3, batch_size=4)
+    both = rb.qat_replicates([teacher, other], "independent", paths, tokens, seeds=[1, 2],
+                             **kwargs)
+    alone = rb.qat_replicates(other, "independent", paths[1:], tokens, seeds=[2], **kwargs)
+    np.testing.assert_allclose(both.nll(tokens, min_context=1)[1:],
+                               alone.nll(tokens, min_context=1), rtol=1e-5)
+    np.testing.assert_allclose(both.losses[:, 1].numpy(), alone.losses[:, 0].numpy(), rtol=1e-3,
+                               atol=1e-7)
+    with pytest.raises(ValueError, match="one teacher per replicate"):
+        rb.qat_replicates([teacher], "rabit", paths, tokens, seeds=[1, 2], **kwargs)
+
+
+@pytest.mark.parametrize("method", ["independent", "rabit"])
+def test_flip_rates_agree_with_the_path_signs(tiny_teacher, method):
+    """The tracked per-path flip rates equal those computed from the path signs (Eq.
+    `eq-rabit` for RaBiT) of the trained stack against the initial paths."""
+    teacher, tokens = tiny_teacher
+    paths = rb.initial_paths(teacher, tokens[:8, :8])
+    run = rb.qat_replicates(teacher, method, [paths], tokens, seeds=[3], steps=4, lr=3e-2,
+                            batch_size=4)
+    params = {**run.fixed, **run.trainable}
+    mode = "rabit" if method == "rabit" else "independent"
+    flipped, total = np.zeros(2), 0
+    for name, start in paths.items():
+        end = rb.stacked_path_signs(params, name, mode, 2)[0]
+        for p in range(2):
+            flipped[p] += (end[p] != start.signs[p].to(end.dtype)).sum().item()
+        total += start.signs[0].numel()
+    np.testing.assert_allclose(run.flips[0], flipped / total, atol=1e-12)
+    assert flipped.sum() > 0

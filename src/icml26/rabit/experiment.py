@@ -211,11 +211,17 @@ def sweep_learning_rate(teacher: nn.Module, method: str, paths: dict[str, Binary
 
 @dataclass
 class Replicates:
-    """QAT of one method on ``R`` replicates at once (:mod:`icml26.rabit.stacked`).
+    r"""QAT of one method on ``R`` replicates at once (:mod:`icml26.rabit.stacked`).
 
     ``level_skips`` and ``level_changes`` count, per replicate and over every step, the weights
     whose level index $2[b_1 > 0] + [b_2 > 0]$ changed by more than one and by any amount;
     ``flips[r, p]`` is the fraction of path $p$'s signs that differ from the start.
+
+    ``unexplained_skips`` (RaBiT only, zeros otherwise) counts the skips that Eq. `eq-nearest`
+    rules out: at entries where $G_1 > 0$ before and after the step and the latent moved by at
+    most $\min(G_1^{before}, G_1^{after})$. RaBiT's level index is monotone in its latent with
+    thresholds $-G_1, 0, G_1$, so a skip needs a step longer than $G_1$ (or $G_1 \le 0$) and this
+    count is zero by construction; the raw skip count need not be.
     """
 
     method: str
@@ -227,6 +233,11 @@ class Replicates:
     level_skips: np.ndarray
     level_changes: np.ndarray
     flips: np.ndarray
+    unexplained_skips: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.unexplained_skips is None:
+            self.unexplained_skips = np.zeros_like(self.level_skips)
 
     @property
     def count(self) -> int:
@@ -250,7 +261,8 @@ class Replicates:
         return Replicates(self.method, lr, self.template,
                           {n: t[index] for n, t in self.trainable.items()},
                           {n: t[index] for n, t in self.fixed.items()}, self.losses[:, index],
-                          self.level_skips[rows], self.level_changes[rows], self.flips[rows])
+                          self.level_skips[rows], self.level_changes[rows], self.flips[rows],
+                          self.unexplained_skips[rows])
 
     def nll(self, sequences, min_context: int = 0) -> np.ndarray:
         from icml26.rabit.stacked import stacked_nll
@@ -263,24 +275,30 @@ def stacked_path_signs(params: dict[str, torch.Tensor], layer: str, mode: str,
     """Signs ``(R, P, m, n)`` of quantised layer ``layer`` from stacked parameters (Eq.
     `eq-rabit` for ``mode="rabit"``, the latents' own signs otherwise)."""
     from icml26.rabit.binarize import binary_sign
+    if mode != "rabit":  # independent latents: each path is the sign of its own latent
+        return torch.stack([binary_sign(params[f"{layer}.latents.{p}"]) for p in range(count)], 1)
     signs, residual = [], params[f"{layer}.latents.0"]
     for p in range(count):
-        source = residual if mode == "rabit" else params[f"{layer}.latents.{p}"]
-        sign = binary_sign(source)
+        sign = binary_sign(residual)
         signs.append(sign)
-        scale = (params[f"{layer}.out_scales.{p}"][:, :, None]
-                 * params[f"{layer}.in_scales.{p}"][:, None, :])
-        residual = residual - scale * sign
+        if p + 1 < count:
+            scale = (params[f"{layer}.out_scales.{p}"][:, :, None]
+                     * params[f"{layer}.in_scales.{p}"][:, None, :])
+            residual = residual - scale * sign
     return torch.stack(signs, 1)
 
 
-def qat_replicates(teacher: nn.Module, method: str, paths: list[dict[str, BinaryPaths]],
-                   train_tokens, *, steps: int, lr, seeds, batch_size: int = 32,
-                   ste: str = "identity", track: bool = True) -> Replicates:
+def qat_replicates(teacher: nn.Module | list[nn.Module], method: str,
+                   paths: list[dict[str, BinaryPaths]], train_tokens, *, steps: int, lr, seeds,
+                   batch_size: int = 32, ste: str = "identity", track: bool = True) -> Replicates:
     """Quantise ``teacher`` once per element of ``paths`` (one replicate each: its own
     calibration batch, hence its own initial paths) and train all replicates at once by
     distillation from ``teacher``, replicate ``r`` on the batches of ``seeds[r]``, at the rate
     ``lr`` (or ``lr[r]``, to calibrate a rate over a grid in one run).
+
+    ``teacher`` may also be a list of full-precision models of one architecture, one per
+    replicate: replicate ``r`` then quantises ``teacher[r]`` (``paths[r]`` must be its paths) and
+    distils from it, so that the replicates vary the full-precision model too.
 
     The training is that of :func:`run_qat` (AdamW, warm-up and cosine decay, clipping), for all
     replicates in one stacked model. With ``track``, the signs of every path method are compared
@@ -289,10 +307,18 @@ def qat_replicates(teacher: nn.Module, method: str, paths: list[dict[str, Binary
     from icml26.rabit.stacked import stack_parameters, train_stacked
     if len(paths) != len(list(seeds)):
         raise ValueError("need one set of paths per seed")
-    for parameter in teacher.parameters():
-        parameter.requires_grad_(False)
-    students = [build_quantized(teacher, method, p, ste) for p in paths]
+    teachers = list(teacher) if isinstance(teacher, (list, tuple)) else [teacher] * len(paths)
+    if len(teachers) != len(paths):
+        raise ValueError(f"need one teacher per replicate ({len(paths)}), got {len(teachers)}")
+    for model in teachers:
+        for parameter in model.parameters():
+            parameter.requires_grad_(False)
+    students = [build_quantized(t, method, p, ste) for t, p in zip(teachers, paths, strict=True)]
     trainable, fixed = stack_parameters(students)
+    if all(t is teachers[0] for t in teachers):  # one teacher shared by every replicate
+        teacher_stack = (teachers[0], None)
+    else:
+        teacher_stack = (teachers[0], stack_parameters(teachers)[1])
     template = students[0]
     count = len(paths)
     layers = list(quantized_layers(template))
@@ -301,6 +327,8 @@ def qat_replicates(teacher: nn.Module, method: str, paths: list[dict[str, Binary
     n_paths = quantized_layers(template)[layers[0]].count if layers and method != "lsq" else 0
     skips, changes = torch.zeros(count, dtype=torch.float64), torch.zeros(count,
                                                                           dtype=torch.float64)
+    unexplained = torch.zeros(count, dtype=torch.float64)
+    gaps: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # RaBiT: (latent, G_1) per layer
 
     def levels_now() -> dict[str, torch.Tensor]:
         """Level index 2 [b_1 > 0] + [b_2 > 0] of every weight, ``(R, m, n)`` int8 per layer."""
@@ -308,24 +336,38 @@ def qat_replicates(teacher: nn.Module, method: str, paths: list[dict[str, Binary
         with torch.no_grad():
             levels = {}
             for name in layers:
-                signs = stacked_path_signs(params, name, mode, n_paths) > 0
-                levels[name] = (2 * signs[:, 0] + signs[:, 1]).to(torch.int8)
+                first = params[f"{name}.latents.0"]
+                if mode == "rabit":  # Eq. `eq-rabit`: path 2 binarizes w - G_1 b_1
+                    scale = (params[f"{name}.out_scales.0"][:, :, None]
+                             * params[f"{name}.in_scales.0"][:, None, :])
+                    up = first >= 0
+                    second = first - torch.where(up, scale, -scale) >= 0
+                    gaps[name] = (first.clone(), scale)
+                else:
+                    up, second = first >= 0, params[f"{name}.latents.1"] >= 0
+                levels[name] = up.to(torch.int8).mul_(2).add_(second.to(torch.int8))
             return levels
 
     start = levels_now() if track else {}
-    previous = dict(start)
+    previous, previous_gaps = dict(start), dict(gaps)
 
     def callback(step: int) -> None:
-        nonlocal previous
+        nonlocal previous, previous_gaps
         current = levels_now()
         for name, after in current.items():
             moved = (after - previous[name]).abs_().flatten(1)
-            skips.add_((moved > 1).sum(1))
+            skipped = moved > 1
+            skips.add_(skipped.sum(1))
             changes.add_((moved > 0).sum(1))
-        previous = current
+            if mode == "rabit" and skipped.any():  # rare: test each skip against Eq. eq-nearest
+                (w_old, g_old), (w_new, g_new) = previous_gaps[name], gaps[name]
+                ruled_out = ((g_old > 0) & (g_new > 0)
+                             & ((w_new - w_old).abs() <= torch.minimum(g_old, g_new)))
+                unexplained.add_((skipped & ruled_out.flatten(1)).sum(1))
+        previous, previous_gaps = current, dict(gaps)
 
     losses = train_stacked(template, trainable, fixed, train_tokens, steps=steps, lrs=lr,
-                           seeds=seeds, batch_size=batch_size, teacher=(teacher, None),
+                           seeds=seeds, batch_size=batch_size, teacher=teacher_stack,
                            callback=callback if track else None)
     if track:
         end = levels_now()
@@ -337,4 +379,4 @@ def qat_replicates(teacher: nn.Module, method: str, paths: list[dict[str, Binary
         flips = np.full((count, 0), np.nan)
     lr = float(lr) if np.ndim(lr) == 0 else tuple(float(v) for v in lr)
     return Replicates(method, lr, template, trainable, fixed, losses, skips.numpy(),
-                      changes.numpy(), flips)
+                      changes.numpy(), flips, unexplained.numpy())
