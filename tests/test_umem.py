@@ -1,7 +1,9 @@
 """Tests for the UMEM chapter: the neighbourhood lemma, retrieval and neighbourhoods against brute
 force and scikit-learn, the fast candidate reward against a brute-force bank copy, the closed-form
 expected reward against a scalar loop and against Monte Carlo, GRPO's advantages, clipping and KL
-estimator, the ablation masks, the management statistics, and bad input."""
+estimator, the ablation masks, the management statistics, the learned executor (stacked training
+against one-at-a-time, its NumPy form against the torch model, its candidate reward against a
+brute-force bank copy, and an executor that ignores memories), and bad input."""
 
 import numpy as np
 import pytest

@@ -22,8 +22,11 @@ The LLMs of the paper are replaced, the algorithm is kept:
 * **GRPO** (:func:`group_advantages`, :func:`grpo_loss`, ``eq-umem-grpo``) with online memory
   evolution (:func:`train_policy`), and zero-reset streaming evaluation (:func:`stream`);
 * a **learned executor** (:class:`LearnedExecutor`, ``eq-umem-learned``) trained once to answer
-  from the query and its retrieved memories (:func:`train_executor`), with the lone-memory
-  curves it implies (:func:`learned_reward_curves`);
+  from the query and its retrieved memories (:func:`train_executor`, or one per world at once:
+  :func:`train_executors`), with the lone-memory curves it implies
+  (:func:`learned_reward_curves`), and as the agent's executor (:class:`MemoryExecutor`), whose
+  success on the retrieved memories is then the GRPO reward (:func:`learned_candidate_rewards`)
+  and the streaming accuracy;
 * closed forms that say what the world itself predicts: the exact expected reward of a lone
   memory of each abstraction level on any set of targets (:func:`lone_memory_gains`,
   :func:`expected_gain_by_alpha`), and the neighbourhood lemma on many pairs at once
