@@ -648,3 +648,12 @@ def test_training_with_an_executor_that_ignores_memories_cannot_change_accuracy(
     assert not np.array_equal(a.probability, b.probability)
     with pytest.raises(ValueError):
         um.train_policy(world, sighted, um.TrainConfig(epochs=1, reward="code"))
+
+
+def test_skipping_held_out_families_leaves_held_out_queries_unchanged(world):
+    torch.manual_seed(0)
+    policy = um.MemPolicy(world.dim)
+    full = um.evaluate(world, um.Executor(), policy, 2, seed=3, capacity=6)
+    short = um.evaluate(world, um.Executor(), policy, 2, seed=3, capacity=6, ood=False)
+    assert short.accuracy == full.accuracy and short.alpha == full.alpha
+    assert short.accuracy_ood == short.accuracy and full.accuracy_ood != full.accuracy

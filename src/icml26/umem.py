@@ -944,14 +944,18 @@ class Evaluation:
 def evaluate(world: World, executor: Executor | MemoryExecutor,
              policy: MemPolicy | RuleManagement | None,
              n_streams: int = 3, seed: int = 0, threshold: float = 0.5, capacity: int | None = None,
-             stale: int = 0) -> Evaluation:
-    """Zero-reset streams over ``world.test`` and ``world.ood``, averaged over stream orders."""
+             stale: int = 0, ood: bool = True) -> Evaluation:
+    """Zero-reset streams over ``world.test`` and ``world.ood``, averaged over stream orders.
+
+    ``ood=False`` skips the held-out families (their fields then repeat the held-out queries');
+    every stream has its own seed, so the held-out-query results do not change.
+    """
     n_streams = check_count(n_streams, "n_streams", 1)
     ind = [stream(world, executor, policy, world.test, seed + s, threshold, capacity, stale)
            for s in range(n_streams)]
     ood = ([stream(world, executor, policy, world.ood, seed + 1000 + s, threshold, capacity,
                    stale)
-            for s in range(n_streams)] if world.ood.size else ind)
+            for s in range(n_streams)] if world.ood.size and ood else ind)
     def add_rate(results) -> float:
         ops = np.concatenate([r.operation for r in results])
         return float(np.mean(ops[ops >= 0] == 0)) if np.any(ops >= 0) else float("nan")
@@ -974,14 +978,15 @@ def evaluate(world: World, executor: Executor | MemoryExecutor,
 def run_replicate(seed: int, executor: Executor | MemoryExecutor, world_kwargs: dict | None = None,
                   train_kwargs: dict | None = None, variants: dict | None = None,
                   n_streams: int = 3, baselines: bool = True,
-                  managed: tuple = ()) -> dict[str, Evaluation]:
+                  managed: tuple = (), ood: bool = True) -> dict[str, Evaluation]:
     """One world, every agent: no memory, the untrained policy, and each trained variant.
 
     ``train_kwargs["capacity"]`` caps the bank and ``train_kwargs["stale"]`` seeds it with
     misleading entries, in training and in the evaluation streams alike;
     ``baselines=False`` skips the no-memory and untrained agents; each variant named in
     ``managed`` is evaluated a second time with :class:`RuleManagement` in place of its own
-    management head, under the name ``"<variant> + rule management"``.
+    management head, under the name ``"<variant> + rule management"``; ``ood=False`` skips the
+    held-out-family streams (:func:`evaluate`).
 
     Every trained variant starts from the same initial policy (the untrained one), sees the same
     world, the same number of GRPO updates and the same seed; only the reward's targets and the
@@ -994,9 +999,9 @@ def run_replicate(seed: int, executor: Executor | MemoryExecutor, world_kwargs: 
     initial = MemPolicy(world.dim)
     cap = (train_kwargs or {}).get("capacity")
     stale = dict(stale=(train_kwargs or {}).get("stale", 0))
-    out = ({"no memory": evaluate(world, executor, None, n_streams, seed, capacity=cap),
+    out = ({"no memory": evaluate(world, executor, None, n_streams, seed, capacity=cap, ood=ood),
             "untrained": evaluate(world, executor, initial, n_streams, seed, capacity=cap,
-                                  **stale)}
+                                  ood=ood, **stale)}
            if baselines else {})
     for name, overrides in (VARIANTS if variants is None else variants).items():
         config = TrainConfig(**{**(train_kwargs or {}), **overrides})
@@ -1004,12 +1009,12 @@ def run_replicate(seed: int, executor: Executor | MemoryExecutor, world_kwargs: 
         trained = train_policy(world, executor, config, seed, copy.deepcopy(initial))
         cpu = time.process_time() - start
         out[name] = evaluate(world, executor, trained.policy, n_streams, seed,
-                             capacity=config.capacity, stale=config.stale)
+                             capacity=config.capacity, stale=config.stale, ood=ood)
         out[name].cpu_seconds = cpu
         if name in managed:
             out[f"{name} + rule management"] = evaluate(
                 world, executor, RuleManagement(trained.policy), n_streams, seed,
-                capacity=config.capacity, stale=config.stale)
+                capacity=config.capacity, stale=config.stale, ood=ood)
     return out
 
 
