@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from icml26.core import check_count, check_positive
+from icml26.nn import AdamW
 
 ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 """Abstraction levels of the extraction head; index ``len(ALPHAS)`` is a malformed output."""
@@ -711,46 +712,6 @@ def _gain(c_mem: int, c_ref: int, len_mem: float, len_ref: float, kind: str) -> 
 # --- training ------------------------------------------------------------------------------------
 
 
-class Adam:
-    """Adam with PyTorch's defaults, step for step the update ``torch.optim.Adam`` makes on CPU.
-
-    ``torch.optim`` imports ``torch._dynamo`` on its first step (about a second of CPU, more than
-    the smoke tier's whole executor training), so the chapter uses this copy of its single-tensor
-    update: the same operations in the same order (tested bit for bit against ``torch.optim.Adam``).
-    Parameters without a gradient are skipped, as there.
-    """
-
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8) -> None:
-        self.params = list(params)
-        self.lr, (self.beta1, self.beta2), self.eps = lr, betas, eps
-        self.state: dict[int, list] = {}
-
-    def zero_grad(self) -> None:
-        for param in self.params:
-            param.grad = None
-
-    @torch.no_grad()
-    def step(self) -> None:
-        for param in self.params:
-            grad = param.grad
-            if grad is None:
-                continue
-            state = self.state.get(id(param))
-            if state is None:
-                state = self.state[id(param)] = [
-                    0.0, torch.zeros_like(param, memory_format=torch.preserve_format),
-                    torch.zeros_like(param, memory_format=torch.preserve_format)]
-            state[0] += 1.0
-            step, exp_avg, exp_avg_sq = state
-            exp_avg.lerp_(grad, 1 - self.beta1)
-            exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
-            bias_correction1 = 1 - self.beta1**step
-            bias_correction2 = 1 - self.beta2**step
-            denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(self.eps)
-            param.addcdiv_(exp_avg, denom, value=-(self.lr / bias_correction1))
-
-
 @dataclass(frozen=True)
 class TrainConfig:
     """GRPO settings; ``neighbourhood=0`` means the source-only reward (no SNM).
@@ -830,7 +791,7 @@ def train_policy(world: World, executor: Executor | MemoryExecutor, config: Trai
     torch.manual_seed(seed)
     policy = policy if policy is not None else MemPolicy(world.dim, config.hidden)
     reference = copy.deepcopy(policy).requires_grad_(False)
-    optimiser = Adam(policy.parameters(), lr=config.lr)
+    optimiser = AdamW(policy.parameters(), lr=config.lr)
     targets = neighbourhood_targets(world, config)
     bank = MemoryBank(world.dim, 256, limit=config.capacity)
     seed_stale(bank, world, config.stale, seed)
@@ -1261,7 +1222,7 @@ def train_executor(world: World, episodes: int = 3000, steps: int = 300, lr: flo
     data = executor_episodes(world, episodes, rng)
     torch.manual_seed(seed)
     model = LearnedExecutor(world.dim)
-    optimiser = Adam(model.parameters(), lr=lr)
+    optimiser = AdamW(model.parameters(), lr=lr)
     for _ in range(steps):
         loss = -torch.log(model.success_probability(*data) + 1e-9).mean()
         optimiser.zero_grad()
@@ -1360,7 +1321,7 @@ def train_executors(worlds, episodes: int = 3000, steps: int = 300, lr: float = 
     gate = nn.Parameter(torch.stack([m.gate.detach() for m in inits]))
     any_memory = mask.sum(-1, keepdim=True) > 0
     log_mask = torch.log(mask + 1e-9)
-    optimiser = Adam([prior, read, temperature, gate], lr=lr)
+    optimiser = AdamW([prior, read, temperature, gate], lr=lr)
     for _ in range(steps):
         weights = torch.softmax(temperature[:, None, None] * sims + log_mask, -1) * any_memory
         memory = (weights[..., None] * values).sum(2)
