@@ -1,7 +1,9 @@
 """Tests for the UMEM chapter: the neighbourhood lemma, retrieval and neighbourhoods against brute
 force and scikit-learn, the fast candidate reward against a brute-force bank copy, the closed-form
 expected reward against a scalar loop and against Monte Carlo, GRPO's advantages, clipping and KL
-estimator, the ablation masks, the management statistics, and bad input."""
+estimator, the ablation masks, the management statistics, the learned executor (stacked training
+against one-at-a-time, its NumPy form against the torch model, its candidate reward against a
+brute-force bank copy, and an executor that ignores memories), and bad input."""
 
 import numpy as np
 import pytest
@@ -533,3 +535,125 @@ def test_learned_reward_curves_match_a_direct_computation(world):
                 total += (um.learned_success(model, world, [q], v, 1.0)
                           - um.learned_success(model, world, [q]))[0]
         assert curves["source"][a] == pytest.approx(total / (2 * world.train.size), abs=1e-6)
+
+
+def _torch_success(model, world, queries, values, sims, mask):
+    queries = np.asarray(queries)
+    as_t = lambda x: torch.as_tensor(np.asarray(x), dtype=torch.float32)  # noqa: E731
+    with torch.no_grad():
+        return model.success_probability(as_t(world.embeddings[queries]), as_t(values),
+                                         as_t(sims), as_t(mask),
+                                         as_t(um.answers(world)[queries])).double().numpy()
+
+
+def test_stacked_executor_training_equals_one_at_a_time(world):
+    other = um.make_world(n_families=4, n_heldout_families=1, queries_per_family=20, seed=8)
+    stacked = um.train_executors([world, other], episodes=300, steps=40, lr=0.04, seeds=[1, 6])
+    for w, s, model in ((world, 1, stacked[0]), (other, 6, stacked[1])):
+        alone = um.train_executor(w, episodes=300, steps=40, lr=0.04, seed=s)
+        for p, q in zip(alone.parameters(), model.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError):
+        um.train_executors([world, other], seeds=[1])
+    with pytest.raises(ValueError):
+        um.train_executors([])
+
+
+def test_memory_executor_matches_the_torch_model(world):
+    model = um.train_executor(world, episodes=300, steps=40, seed=2)
+    ex = um.MemoryExecutor.from_model(model)
+    rng = np.random.default_rng(3)
+    n = 30
+    queries = rng.choice(world.train, size=n)
+    values = um._unit(rng.normal(size=(n, um.TOP_K, world.dim)))
+    sims = rng.uniform(0.5, 1.0, size=(n, um.TOP_K))
+    mask = (np.arange(um.TOP_K)[None, :] < rng.integers(0, um.TOP_K + 1, size=n)[:, None])
+    values = values * mask[..., None]
+    ours = ex.success(world, queries, values, np.where(mask, sims, -1.0), mask)
+    np.testing.assert_allclose(ours, _torch_success(model, world, queries, values,
+                                                    np.where(mask, sims, -1.0), mask),
+                               rtol=1e-4, atol=1e-5)
+    # an executor that ignores its memories: success does not depend on them
+    blind = um.MemoryExecutor.from_model(model, ignore_memories=True)
+    none = blind.success(world, queries, values * 0, sims, np.zeros_like(sims))
+    np.testing.assert_allclose(blind.success(world, queries, values, sims, mask), none)
+    with pytest.raises(TypeError):
+        um.MemoryExecutor.from_model(um.Executor())
+
+
+def _brute_learned_rewards(world, ex, bank, q, step, ext, man, targets, uniforms):
+    def success(b, target):
+        idx = b.retrieve(world.embeddings[target]) if len(b) else np.zeros(0, int)
+        values, sims, mask = (np.zeros((um.TOP_K, world.dim)), np.zeros(um.TOP_K),
+                              np.zeros(um.TOP_K))
+        values[: idx.size] = b.values[idx]
+        sims[: idx.size] = b.similarities(world.embeddings[target])[idx]
+        mask[: idx.size] = 1
+        return float(ex.success(world, target, values, sims, mask))
+
+    out = np.zeros(len(ext))
+    for g in range(len(ext)):
+        if ext[g] == um.MALFORMED:
+            continue
+        trial = bank.copy()
+        um.apply_action(trial, world, q, step, int(ext[g]), int(man[g]))
+        gains = [float(u < success(trial, t)) - float(u < success(bank, t))
+                 for t, u in zip(targets, uniforms, strict=True)]
+        out[g] = 1 + np.mean(gains)
+    return out
+
+
+@pytest.mark.parametrize("limit", [None, 6])
+def test_learned_candidate_rewards_match_a_brute_force_bank_copy(world, limit):
+    ex = um.MemoryExecutor.from_model(um.train_executor(world, episodes=300, steps=40, seed=2))
+    rng = np.random.default_rng(4)
+    targets_all = um.semantic_neighbourhood(world.embeddings, world.train, 4)
+    for _ in range(20):
+        row = int(rng.integers(len(world.train)))
+        q = int(world.train[row])
+        bank = _random_bank(world, rng, int(rng.integers(0, 25)), exclude=q, limit=limit)
+        step = um.observe(world, ex, bank, q, rng)
+        assert step.length == ex.length0
+        ext = rng.integers(0, um.N_EXTRACT, size=8)
+        man = np.array([rng.integers(0, 1 + step.retrieved.size) for _ in range(8)])
+        targets = np.append(targets_all[row], q)
+        seed = int(rng.integers(1 << 30))
+        fast = um.learned_candidate_rewards(world, ex, bank, q, step, ext, man, targets,
+                                            np.random.default_rng(seed), common=True)
+        uniforms = np.random.default_rng(seed).uniform(size=len(targets))
+        brute = _brute_learned_rewards(world, ex, bank, q, step, ext, man, targets, uniforms)
+        np.testing.assert_allclose(fast, brute, atol=1e-12)
+        # independent draws: the same support, a noisier estimate
+        noisy = um.learned_candidate_rewards(world, ex, bank, q, step, ext, man, targets,
+                                             np.random.default_rng(seed))
+        assert np.all((noisy == 0) == (ext == um.MALFORMED))
+        assert np.all(np.abs(noisy[ext != um.MALFORMED] - 1) <= 1)
+
+
+def test_training_with_an_executor_that_ignores_memories_cannot_change_accuracy(world):
+    model = um.train_executor(world, episodes=300, steps=40, seed=2)
+    blind = um.MemoryExecutor.from_model(model, ignore_memories=True)
+    config = um.TrainConfig(epochs=1, batch_queries=8, capacity=6)
+    torch.manual_seed(0)
+    initial = um.MemPolicy(world.dim)
+    trained = um.train_policy(world, blind, config, 0, policy=um.copy.deepcopy(initial))
+    a = um.stream(world, blind, trained.policy, world.test, seed=1, capacity=6)
+    b = um.stream(world, blind, initial, world.test, seed=1, capacity=6)
+    np.testing.assert_array_equal(a.probability, b.probability)
+    # with the memories read, the same training does move accuracy
+    sighted = um.MemoryExecutor.from_model(model)
+    trained = um.train_policy(world, sighted, config, 0, policy=um.copy.deepcopy(initial))
+    a = um.stream(world, sighted, trained.policy, world.test, seed=1, capacity=6)
+    b = um.stream(world, sighted, initial, world.test, seed=1, capacity=6)
+    assert not np.array_equal(a.probability, b.probability)
+    with pytest.raises(ValueError):
+        um.train_policy(world, sighted, um.TrainConfig(epochs=1, reward="code"))
+
+
+def test_skipping_held_out_families_leaves_held_out_queries_unchanged(world):
+    torch.manual_seed(0)
+    policy = um.MemPolicy(world.dim)
+    full = um.evaluate(world, um.Executor(), policy, 2, seed=3, capacity=6)
+    short = um.evaluate(world, um.Executor(), policy, 2, seed=3, capacity=6, ood=False)
+    assert short.accuracy == full.accuracy and short.alpha == full.alpha
+    assert short.accuracy_ood == short.accuracy and full.accuracy_ood != full.accuracy

@@ -22,8 +22,11 @@ The LLMs of the paper are replaced, the algorithm is kept:
 * **GRPO** (:func:`group_advantages`, :func:`grpo_loss`, ``eq-umem-grpo``) with online memory
   evolution (:func:`train_policy`), and zero-reset streaming evaluation (:func:`stream`);
 * a **learned executor** (:class:`LearnedExecutor`, ``eq-umem-learned``) trained once to answer
-  from the query and its retrieved memories (:func:`train_executor`), with the lone-memory
-  curves it implies (:func:`learned_reward_curves`);
+  from the query and its retrieved memories (:func:`train_executor`, or one per world at once:
+  :func:`train_executors`), with the lone-memory curves it implies
+  (:func:`learned_reward_curves`), and as the agent's executor (:class:`MemoryExecutor`), whose
+  success on the retrieved memories is then the GRPO reward (:func:`learned_candidate_rewards`)
+  and the streaming accuracy;
 * closed forms that say what the world itself predicts: the exact expected reward of a lone
   memory of each abstraction level on any set of targets (:func:`lone_memory_gains`,
   :func:`expected_gain_by_alpha`), and the neighbourhood lemma on many pairs at once
@@ -33,6 +36,7 @@ The LLMs of the paper are replaced, the algorithm is kept:
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -42,6 +46,7 @@ import torch
 from torch import nn
 
 from icml26.core import check_count, check_positive
+from icml26.nn import AdamW
 
 ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 """Abstraction levels of the extraction head; index ``len(ALPHAS)`` is a malformed output."""
@@ -84,6 +89,13 @@ class World:
     @property
     def dim(self) -> int:
         return self.embeddings.shape[1]
+
+    @functools.cached_property
+    def answer_vectors(self) -> np.ndarray:
+        """:func:`answers`, computed once per world (read-only)."""
+        out = _unit(self.rules[self.family] + self.shortcuts)
+        out.flags.writeable = False
+        return out
 
 
 def make_world(n_families: int = 8, n_heldout_families: int = 2, queries_per_family: int = 40,
@@ -551,9 +563,14 @@ class Step:
     insight: np.ndarray
 
 
-def observe(world: World, executor: Executor, bank: MemoryBank, query: int,
+def observe(world: World, executor: Executor | MemoryExecutor, bank: MemoryBank, query: int,
             rng: np.random.Generator, threshold: float = 0.5) -> Step:
-    """Forward pass: retrieve, execute, and build the Mem-Optimizer's input."""
+    """Forward pass: retrieve, execute, and build the Mem-Optimizer's input.
+
+    ``executor`` is the hand-set :class:`Executor` or a learned :class:`MemoryExecutor`.
+    """
+    if isinstance(executor, MemoryExecutor):
+        return _observe_learned(world, executor, bank, query, rng, threshold)
     retrieved = (bank.retrieve(world.embeddings[query], TOP_K, threshold) if len(bank)
                  else np.zeros(0, dtype=int))
     c, length, p = executor.run(world, query, bank.values[retrieved], bank.source[retrieved],
@@ -754,21 +771,27 @@ def neighbourhood_targets(world: World, config: TrainConfig) -> dict[int, np.nda
     return {int(q): nn_ids[i] for i, q in enumerate(world.train)}
 
 
-def train_policy(world: World, executor: Executor, config: TrainConfig, seed: int = 0,
+def train_policy(world: World, executor: Executor | MemoryExecutor, config: TrainConfig,
+                 seed: int = 0,
                  policy: MemPolicy | None = None) -> TrainResult:
     """GRPO with online memory evolution over the training queries (the released loop, scaled down).
 
     For each query: observe, sample ``G`` actions from the current policy, reward each on the
     targets, commit the best action to the training bank if its utility is positive, and after
     every ``batch_queries`` queries take ``inner_steps`` Adam steps on the clipped GRPO loss.
+    With a :class:`MemoryExecutor` the reward is :func:`learned_candidate_rewards` (the learned
+    executor's success gain on the retrieved memories; ``reward="paper"`` only).
     """
     if not isinstance(config, TrainConfig):
         raise TypeError("config must be a TrainConfig")
+    learned = isinstance(executor, MemoryExecutor)
+    if learned and config.reward != "paper":
+        raise ValueError("the learned executor supports the paper's reward only")
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     policy = policy if policy is not None else MemPolicy(world.dim, config.hidden)
     reference = copy.deepcopy(policy).requires_grad_(False)
-    optimiser = torch.optim.Adam(policy.parameters(), lr=config.lr)
+    optimiser = AdamW(policy.parameters(), lr=config.lr)
     targets = neighbourhood_targets(world, config)
     bank = MemoryBank(world.dim, 256, limit=config.capacity)
     seed_stale(bank, world, config.stale, seed)
@@ -782,9 +805,14 @@ def train_policy(world: World, executor: Executor, config: TrainConfig, seed: in
         p_ext, p_man = policy.probabilities(step.features, step.manage_mask)
         ext = rng.choice(N_EXTRACT, size=G, p=p_ext)
         man = rng.choice(N_MANAGE, size=G, p=p_man)
-        rewards = candidate_rewards(world, executor, bank, q, step, ext, man, targets[q], rng,
-                                    config.threshold, config.reward,
-                                    config.common_random_numbers)
+        if learned:
+            rewards = learned_candidate_rewards(world, executor, bank, q, step, ext, man,
+                                                targets[q], rng, config.threshold,
+                                                config.common_random_numbers)
+        else:
+            rewards = candidate_rewards(world, executor, bank, q, step, ext, man, targets[q],
+                                        rng, config.threshold, config.reward,
+                                        config.common_random_numbers)
         best = int(np.argmax(rewards))
         if rewards[best] > 1.0:  # positive utility: online memory evolution
             apply_action(bank, world, q, step, int(ext[best]), int(man[best]))
@@ -846,7 +874,8 @@ class StreamResult:
         return np.cumsum(self.probability) / np.arange(1, self.probability.size + 1)
 
 
-def stream(world: World, executor: Executor, policy: MemPolicy | RuleManagement | None, queries,
+def stream(world: World, executor: Executor | MemoryExecutor,
+           policy: MemPolicy | RuleManagement | None, queries,
            seed: int = 0,
            threshold: float = 0.5, capacity: int | None = None,
            stale: int = 0) -> StreamResult:
@@ -913,16 +942,21 @@ class Evaluation:
     cpu_seconds: float = 0.0  # CPU time of training
 
 
-def evaluate(world: World, executor: Executor, policy: MemPolicy | RuleManagement | None,
+def evaluate(world: World, executor: Executor | MemoryExecutor,
+             policy: MemPolicy | RuleManagement | None,
              n_streams: int = 3, seed: int = 0, threshold: float = 0.5, capacity: int | None = None,
-             stale: int = 0) -> Evaluation:
-    """Zero-reset streams over ``world.test`` and ``world.ood``, averaged over stream orders."""
+             stale: int = 0, ood: bool = True) -> Evaluation:
+    """Zero-reset streams over ``world.test`` and ``world.ood``, averaged over stream orders.
+
+    ``ood=False`` skips the held-out families (their fields then repeat the held-out queries');
+    every stream has its own seed, so the held-out-query results do not change.
+    """
     n_streams = check_count(n_streams, "n_streams", 1)
     ind = [stream(world, executor, policy, world.test, seed + s, threshold, capacity, stale)
            for s in range(n_streams)]
     ood = ([stream(world, executor, policy, world.ood, seed + 1000 + s, threshold, capacity,
                    stale)
-            for s in range(n_streams)] if world.ood.size else ind)
+            for s in range(n_streams)] if world.ood.size and ood else ind)
     def add_rate(results) -> float:
         ops = np.concatenate([r.operation for r in results])
         return float(np.mean(ops[ops >= 0] == 0)) if np.any(ops >= 0) else float("nan")
@@ -942,17 +976,18 @@ def evaluate(world: World, executor: Executor, policy: MemPolicy | RuleManagemen
         curve_ood=np.mean([r.cumulative for r in ood], axis=0))
 
 
-def run_replicate(seed: int, executor: Executor, world_kwargs: dict | None = None,
+def run_replicate(seed: int, executor: Executor | MemoryExecutor, world_kwargs: dict | None = None,
                   train_kwargs: dict | None = None, variants: dict | None = None,
                   n_streams: int = 3, baselines: bool = True,
-                  managed: tuple = ()) -> dict[str, Evaluation]:
+                  managed: tuple = (), ood: bool = True) -> dict[str, Evaluation]:
     """One world, every agent: no memory, the untrained policy, and each trained variant.
 
     ``train_kwargs["capacity"]`` caps the bank and ``train_kwargs["stale"]`` seeds it with
     misleading entries, in training and in the evaluation streams alike;
     ``baselines=False`` skips the no-memory and untrained agents; each variant named in
     ``managed`` is evaluated a second time with :class:`RuleManagement` in place of its own
-    management head, under the name ``"<variant> + rule management"``.
+    management head, under the name ``"<variant> + rule management"``; ``ood=False`` skips the
+    held-out-family streams (:func:`evaluate`).
 
     Every trained variant starts from the same initial policy (the untrained one), sees the same
     world, the same number of GRPO updates and the same seed; only the reward's targets and the
@@ -965,9 +1000,9 @@ def run_replicate(seed: int, executor: Executor, world_kwargs: dict | None = Non
     initial = MemPolicy(world.dim)
     cap = (train_kwargs or {}).get("capacity")
     stale = dict(stale=(train_kwargs or {}).get("stale", 0))
-    out = ({"no memory": evaluate(world, executor, None, n_streams, seed, capacity=cap),
+    out = ({"no memory": evaluate(world, executor, None, n_streams, seed, capacity=cap, ood=ood),
             "untrained": evaluate(world, executor, initial, n_streams, seed, capacity=cap,
-                                  **stale)}
+                                  ood=ood, **stale)}
            if baselines else {})
     for name, overrides in (VARIANTS if variants is None else variants).items():
         config = TrainConfig(**{**(train_kwargs or {}), **overrides})
@@ -975,12 +1010,12 @@ def run_replicate(seed: int, executor: Executor, world_kwargs: dict | None = Non
         trained = train_policy(world, executor, config, seed, copy.deepcopy(initial))
         cpu = time.process_time() - start
         out[name] = evaluate(world, executor, trained.policy, n_streams, seed,
-                             capacity=config.capacity, stale=config.stale)
+                             capacity=config.capacity, stale=config.stale, ood=ood)
         out[name].cpu_seconds = cpu
         if name in managed:
             out[f"{name} + rule management"] = evaluate(
                 world, executor, RuleManagement(trained.policy), n_streams, seed,
-                capacity=config.capacity, stale=config.stale)
+                capacity=config.capacity, stale=config.stale, ood=ood)
     return out
 
 
@@ -1120,7 +1155,7 @@ GRADE_BAR = 0.75
 
 def answers(world: World) -> np.ndarray:
     """The answer ``y_q = normalise(u_f + a_q)`` of every query: a rule and an instance part."""
-    return _unit(world.rules[world.family] + world.shortcuts)
+    return world.answer_vectors.copy()
 
 
 class LearnedExecutor(nn.Module):
@@ -1187,7 +1222,7 @@ def train_executor(world: World, episodes: int = 3000, steps: int = 300, lr: flo
     data = executor_episodes(world, episodes, rng)
     torch.manual_seed(seed)
     model = LearnedExecutor(world.dim)
-    optimiser = torch.optim.Adam(model.parameters(), lr=lr)
+    optimiser = AdamW(model.parameters(), lr=lr)
     for _ in range(steps):
         loss = -torch.log(model.success_probability(*data) + 1e-9).mean()
         optimiser.zero_grad()
@@ -1253,3 +1288,212 @@ def learned_reward_curves(model: LearnedExecutor, world: World, sizes=(3,), draw
                     np.bincount(rows, minlength=train.size), 1)
                 out[key][a] += per_query[np.bincount(rows, minlength=train.size) > 0].mean()
     return {key: value / draws for key, value in out.items()}
+
+
+def train_executors(worlds, episodes: int = 3000, steps: int = 300, lr: float = 0.02,
+                    seeds=None) -> list[LearnedExecutor]:
+    """:func:`train_executor` for many worlds at once: stacked parameters, one Adam, one loss.
+
+    The loss is the sum of the worlds' losses and every parameter belongs to one world, so each
+    executor follows its own full-batch Adam trajectory (Adam is elementwise); only the cost is
+    shared. ``seeds`` (default ``0, 1, ...``) seeds each world's episodes and initial weights.
+    """
+    worlds = list(worlds)
+    if not worlds:
+        raise ValueError("train_executors needs at least one world")
+    dims = {w.dim for w in worlds}
+    if len(dims) != 1:
+        raise ValueError(f"the worlds must share one dimension, got {sorted(dims)}")
+    steps = check_count(steps, "steps", 1)
+    seeds = list(range(len(worlds))) if seeds is None else [int(s) for s in seeds]
+    if len(seeds) != len(worlds):
+        raise ValueError(f"{len(seeds)} seeds for {len(worlds)} worlds")
+    data = [executor_episodes(w, episodes, np.random.default_rng([s, 31]))
+            for w, s in zip(worlds, seeds, strict=True)]
+    e, values, sims, mask, y = (torch.stack(x) for x in zip(*data, strict=True))
+    inits = []
+    for s, w in zip(seeds, worlds, strict=True):
+        torch.manual_seed(s)
+        inits.append(LearnedExecutor(w.dim))
+    prior = nn.Parameter(torch.stack([m.prior.weight.detach() for m in inits]))
+    read = nn.Parameter(torch.stack([m.read.weight.detach() for m in inits]))
+    temperature = nn.Parameter(torch.stack([m.temperature.detach() for m in inits]))
+    gate = nn.Parameter(torch.stack([m.gate.detach() for m in inits]))
+    any_memory = mask.sum(-1, keepdim=True) > 0
+    log_mask = torch.log(mask + 1e-9)
+    optimiser = AdamW([prior, read, temperature, gate], lr=lr)
+    for _ in range(steps):
+        weights = torch.softmax(temperature[:, None, None] * sims + log_mask, -1) * any_memory
+        memory = (weights[..., None] * values).sum(2)
+        y_hat = (torch.bmm(e, prior.transpose(1, 2))
+                 + torch.exp(gate)[:, None, None] * torch.bmm(memory, read.transpose(1, 2)))
+        cos = (nn.functional.normalize(y_hat, dim=-1) * y).sum(-1)
+        p = torch.sigmoid(GRADE_SHARPNESS * (cos - GRADE_BAR))
+        loss = -torch.log(p + 1e-9).mean(-1).sum()
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    out = []
+    for r, model in enumerate(inits):
+        with torch.no_grad():
+            model.prior.weight.copy_(prior[r])
+            model.read.weight.copy_(read[r])
+            model.temperature.copy_(temperature[r])
+            model.gate.copy_(gate[r])
+        out.append(model.requires_grad_(False))
+    return out
+
+
+# --- the learned executor as the agent's executor ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryExecutor:
+    """A :class:`LearnedExecutor` as the executor of the agent, its GRPO reward and its streams.
+
+    NumPy weights of ``eq-umem-learned``: success probability
+    ``sigmoid(kappa (cos(Phi e + exp(gamma) Psi read, y_q) - theta))`` over the retrieved
+    memories' values and key similarities. It has no cost, so the efficiency term of
+    ``eq-umem-gain`` is zero and every length is ``length0``; a trajectory's insight is drawn as
+    for :class:`Executor`. ``read_scale=0`` gives an executor that ignores its memories (the
+    falsification control: no memory policy can change its success).
+    """
+
+    prior: np.ndarray  # Phi, (d, d)
+    read: np.ndarray  # Psi, (d, d)
+    temperature: float  # omega
+    gate: float  # gamma
+    read_scale: float = 1.0
+    length0: float = 1.0
+    insight_noise_success: float = 0.6
+    insight_noise_failure: float = 1.2
+
+    @classmethod
+    def from_model(cls, model: LearnedExecutor, ignore_memories: bool = False) -> MemoryExecutor:
+        if not isinstance(model, LearnedExecutor):
+            raise TypeError("model must be a LearnedExecutor")
+        return cls(model.prior.weight.detach().double().numpy().copy(),
+                   model.read.weight.detach().double().numpy().copy(),
+                   float(model.temperature), float(model.gate),
+                   0.0 if ignore_memories else 1.0)
+
+    def success(self, world: World, queries, values, sims, mask) -> np.ndarray:
+        """Success probability of each query given its memories (``(..., K, d)`` values,
+        ``(..., K)`` similarities and 0/1 mask; ``queries`` of the leading shape)."""
+        queries = np.asarray(queries, dtype=int)
+        mask = np.asarray(mask, dtype=float)
+        logits = np.where(mask > 0, self.temperature * np.asarray(sims, dtype=float), -np.inf)
+        top = np.max(logits, axis=-1, keepdims=True)
+        top = np.where(np.isfinite(top), top, 0.0)
+        weights = np.exp(logits - top)
+        weights = weights / np.maximum(weights.sum(-1, keepdims=True), 1e-300)
+        memory = np.einsum("...k,...kd->...d", weights, values)
+        y_hat = (world.embeddings[queries] @ self.prior.T
+                 + self.read_scale * math.exp(self.gate) * memory @ self.read.T)
+        y_hat = y_hat / np.maximum(np.linalg.norm(y_hat, axis=-1, keepdims=True), 1e-12)
+        cos = np.sum(y_hat * world.answer_vectors[queries], axis=-1)
+        return 1 / (1 + np.exp(-GRADE_SHARPNESS * (cos - GRADE_BAR)))
+
+    def insight(self, world: World, query: int, correct: int, rng: np.random.Generator):
+        s = self.insight_noise_success if correct else self.insight_noise_failure
+        return _unit(world.rules[world.family[query]] + s * rng.normal(size=world.dim)
+                     / np.sqrt(world.dim))
+
+
+def _observe_learned(world: World, executor: MemoryExecutor, bank: MemoryBank, query: int,
+                     rng: np.random.Generator, threshold: float) -> Step:
+    """:func:`observe` with a :class:`MemoryExecutor` (same random draws, constant length)."""
+    d = world.dim
+    if len(bank):
+        sims_all = bank.similarities(world.embeddings[query])
+        retrieved = top_k(sims_all, TOP_K, threshold)
+        sims = sims_all[retrieved]
+    else:
+        retrieved, sims = np.zeros(0, dtype=int), np.zeros(0)
+    values, slot_sims, mask = np.zeros((TOP_K, d)), np.zeros(TOP_K), np.zeros(TOP_K)
+    values[: retrieved.size], slot_sims[: retrieved.size] = bank.values[retrieved], sims
+    mask[: retrieved.size] = 1.0
+    p = float(executor.success(world, query, values, slot_sims, mask))
+    c = int(rng.uniform() < p)
+    rng.normal()  # the length noise of the hand-set executor, drawn to keep the streams aligned
+    x = policy_features(world, query, c, executor.length0, executor.length0, sims,
+                        bank.alpha[retrieved], bank.full)
+    manage_mask = np.zeros(N_MANAGE, dtype=bool)
+    manage_mask[: 1 + retrieved.size] = True
+    return Step(x, manage_mask, retrieved, c, executor.length0, p,
+                executor.insight(world, query, c, rng))
+
+
+def learned_candidate_rewards(world: World, executor: MemoryExecutor, bank: MemoryBank,
+                              query: int, step: Step, ext: np.ndarray, man: np.ndarray,
+                              targets: np.ndarray, rng: np.random.Generator,
+                              threshold: float = 0.5, common: bool = False) -> np.ndarray:
+    """:func:`candidate_rewards` (``kind="paper"``) with a :class:`MemoryExecutor`.
+
+    Each target is executed on the bank ``B`` and on each candidate's ``B_g``, the learned
+    executor reading the values and key similarities of the top ``K`` entries above
+    ``threshold``; the gain is the success gain of ``eq-umem-gain`` (the learned executor has no
+    cost, so no efficiency term). ``common=False``: one reference draw per target shared by the
+    group and a fresh draw for every rollout's execution of every target, as the released reward;
+    ``common=True``: one uniform per target for all executions.
+    """
+    G, T, d = len(ext), len(targets), world.dim
+    targets = np.asarray(targets, dtype=int)
+    rewards = np.zeros(G)
+    key = world.embeddings[query]
+    s_new = world.embeddings[targets] @ key
+    base = []
+    ref_values, ref_sims, ref_mask = np.zeros((T, TOP_K, d)), np.zeros((T, TOP_K)), np.zeros(
+        (T, TOP_K))
+    for t, target in enumerate(targets):
+        if len(bank):
+            sims = bank.similarities(world.embeddings[target])
+            top = top_k(sims, TOP_K + 1, threshold)
+        else:
+            sims, top = np.zeros(0), np.zeros(0, dtype=int)
+        base.append([(float(sims[i]), int(i)) for i in top])
+        ref = top[:TOP_K]
+        ref_values[t, : ref.size], ref_sims[t, : ref.size] = bank.values[ref], sims[ref]
+        ref_mask[t, : ref.size] = 1.0
+    actions = sorted({(int(e), int(m)) for e, m in zip(ext, man, strict=True)
+                      if int(e) != MALFORMED})
+    row = {a: i + 1 for i, a in enumerate(actions)}  # row 0 is the reference bank
+    values = np.zeros((1 + len(actions), T, TOP_K, d))
+    slot_sims, mask = np.zeros((1 + len(actions), T, TOP_K)), np.zeros((1 + len(actions), T, TOP_K))
+    values[0], slot_sims[0], mask[0] = ref_values, ref_sims, ref_mask
+    insight, shortcut = step.insight, world.shortcuts[query]
+    layouts: dict = {}  # the retrieved set depends on the entry an action replaces, not its level
+    for i, (e_action, m_action) in enumerate(actions, start=1):
+        alpha = ALPHAS[e_action]
+        value = _unit(alpha * insight + (1 - alpha) * shortcut)  # eq-umem-extract
+        if m_action > 0:
+            replaced = int(step.retrieved[m_action - 1])
+        elif bank.full:
+            replaced = bank.add_slot()
+        else:
+            replaced = -1
+        if replaced not in layouts:
+            new_index = len(bank) if replaced < 0 else replaced
+            layout = []
+            for t in range(T):
+                entries = [(s, j) for s, j in base[t] if j != replaced]
+                entries.append((float(s_new[t]), new_index))
+                entries = sorted((x for x in entries if x[0] >= threshold),
+                                 key=lambda x: (-x[0], x[1]))[:TOP_K]
+                layout.append([(s, j, j == new_index) for s, j in entries])
+            layouts[replaced] = layout
+        for t, entries in enumerate(layouts[replaced]):
+            for k, (s, j, is_new) in enumerate(entries):
+                values[i, t, k] = value if is_new else bank.values[j]
+                slot_sims[i, t, k], mask[i, t, k] = s, 1.0
+    p = executor.success(world, np.broadcast_to(targets, (1 + len(actions), T)), values,
+                         slot_sims, mask)
+    u_ref = rng.uniform(size=T)
+    c_ref = (u_ref < p[0]).astype(float)
+    u = np.broadcast_to(u_ref, (G, T)) if common else rng.uniform(size=(G, T))
+    formed = np.asarray(ext) != MALFORMED
+    rows = np.array([row[(int(e), int(m))] if f else 0 for e, m, f in zip(ext, man, formed,
+                                                                          strict=True)])
+    gains = np.mean((u < p[rows]) - c_ref, axis=1)
+    rewards[formed] = 1.0 + gains[formed]
+    return rewards
