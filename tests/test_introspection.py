@@ -298,3 +298,17 @@ def test_transfer_margins_without_injection_agree(setup):
     assert not np.allclose(out["other"], out["none"])
     with pytest.raises(ValueError):
         intro.transfer_margins(model, lang, [0], 1, 1.0, torch.Generator())
+
+
+def test_two_arms_on_the_same_pair_stream(setup):
+    lang, model = setup
+    two = intro.stack_models([model, model])
+    # both replicates read stream 0 with the same method: they stay identical
+    same, _ = intro.post_train_anomalies(lang, model, two, ["sft", "sft"], steps=2, seed=3,
+                                         batch=4, streams=[0, 0])
+    assert all(torch.allclose(p[0], p[1]) for p in same.values())
+    arms, _ = intro.post_train_anomalies(lang, model, two, ["sft", "dpo"], steps=2, seed=3,
+                                         batch=4, streams=[0, 0])
+    assert not torch.allclose(arms["lm_head.weight"][0], arms["lm_head.weight"][1])
+    with pytest.raises(ValueError):
+        intro.post_train_anomalies(lang, model, two, ["sft"], steps=1)

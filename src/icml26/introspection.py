@@ -815,8 +815,9 @@ def preference_loss(logits: torch.Tensor, ref_logits: torch.Tensor, chosen: torc
 
 
 def post_train_anomalies(lang: ConceptLanguage, template: tnn.TinyGPT,
-                         start: dict[str, torch.Tensor], method: str, *, steps: int,
-                         seed: int = 0, lr: float = 3e-3, batch: int = 16, beta: float = 0.5
+                         start: dict[str, torch.Tensor], method: str | Sequence[str], *,
+                         steps: int, seed: int = 0, lr: float = 3e-3, batch: int = 16,
+                         beta: float = 0.5, streams: Sequence[int] | None = None
                          ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Post-train stacked replicates on text-level anomaly preference pairs (eq-intro-dpo).
 
@@ -824,13 +825,22 @@ def post_train_anomalies(lang: ConceptLanguage, template: tnn.TinyGPT,
     attributes from other train concepts), chosen answer "Yes" when the text holds an
     off-concept attribute and "No" otherwise, rejected answer the other one. Replicate ``r``
     draws its pairs from ``seed + r``, so two calls with the same ``seed`` (an SFT stage and a
-    DPO stage) see exactly the same pairs in the same order. ``method="dpo"`` uses the
-    replicates' starting parameters ``start`` as the reference. No activation is ever injected.
-    Returns the post-trained stacked parameters and the losses ``(steps, R)``.
+    DPO stage) see exactly the same pairs in the same order; ``streams[r]`` overrides that
+    offset (two replicates with the same stream see the same pairs). ``method`` is one method
+    for all replicates or one per replicate; ``"dpo"`` uses the replicate's starting parameters
+    in ``start`` as the reference. No activation is ever injected. Returns the post-trained
+    stacked parameters and the losses ``(steps, R)``.
     """
     count = next(iter(start.values())).shape[0]
+    methods = [method] * count if isinstance(method, str) else list(method)
+    streams = list(range(count)) if streams is None else [int(k) for k in streams]
+    if len(methods) != count or len(streams) != count:
+        raise ValueError(f"need one method and one stream per replicate ({count})")
+    if not set(methods) <= {"sft", "dpo"}:
+        raise ValueError(f"methods must be 'sft' or 'dpo', got {sorted(set(methods))}")
+    is_dpo = torch.tensor([m == "dpo" for m in methods])
     params = {n: p.clone() for n, p in start.items()}
-    rngs = [np.random.default_rng(seed + r) for r in range(count)]
+    rngs = [np.random.default_rng(seed + k) for k in streams]
     yes, no = lang.word("Yes"), lang.word("No")
 
     def loss_of(p, step):
@@ -839,14 +849,14 @@ def post_train_anomalies(lang: ConceptLanguage, template: tnn.TinyGPT,
         odd = torch.stack([d[1] for d in data])
         chosen, rejected = torch.where(odd, yes, no), torch.where(odd, no, yes)
         logits = stacked_logits(template, p, tokens)[:, :, ANOMALY_ANSWER]
-        ref = None
-        if method == "dpo":
-            with torch.no_grad():
-                ref = stacked_logits(template, start, tokens)[:, :, ANOMALY_ANSWER]
-        return preference_loss(logits, ref, chosen, rejected, method, beta).mean(1)
+        sft = preference_loss(logits, None, chosen, rejected, "sft").mean(1)
+        if not is_dpo.any():
+            return sft
+        with torch.no_grad():
+            ref = stacked_logits(template, start, tokens)[:, :, ANOMALY_ANSWER]
+        dpo = preference_loss(logits, ref, chosen, rejected, "dpo", beta).mean(1)
+        return torch.where(is_dpo, dpo, sft)
 
-    if method not in ("sft", "dpo"):
-        raise ValueError(f"method must be 'sft' or 'dpo', got {method!r}")
     template.train()
     losses = stacked_fit(params, loss_of, steps=steps, lr=lr)
     template.eval()
