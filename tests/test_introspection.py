@@ -224,3 +224,91 @@ def test_chat_detection_rejects_bad_trials():
         intro.chat_detection_logprobs(None, [100])
     with pytest.raises(ValueError, match="baseline"):
         intro.chat_concept_vectors(None, ["bread"], [], 3)
+
+
+# --- the transfer toy -------------------------------------------------------------------------
+
+
+def test_anomaly_batch_marks_exactly_the_off_concept_rows(setup):
+    lang, _ = setup
+    tokens, odd = intro.anomaly_batch(lang, lang.train_concepts, 200, np.random.default_rng(0),
+                                      foreign=lang.heldout_concepts)
+    assert tokens.shape == (200, intro.ANOMALY_LENGTH) and 0 < int(odd.sum()) < 200
+    clean = intro.clean_descriptions(lang, range(lang.n_concepts))
+    for row, is_odd in zip(tokens, odd, strict=True):
+        concept = int(row[2]) - lang.concept0
+        attrs = row[intro.ATTRIBUTE_START:intro.ATTRIBUTE_START + intro.ATTRIBUTES]
+        owners = (attrs - lang.attribute0) // intro.ATTRIBUTES
+        foreign = owners[owners != concept]
+        assert len(foreign) == int(is_odd)
+        assert all(int(f) in lang.heldout_concepts for f in foreign)
+        if not is_odd:
+            assert torch.equal(row, clean[concept])
+    with pytest.raises(ValueError):
+        intro.anomaly_batch(lang, [0], 4, np.random.default_rng(0))
+
+
+def test_preference_loss_sft_and_dpo():
+    gen = torch.Generator().manual_seed(0)
+    logits, ref = torch.randn(5, 7, generator=gen), torch.randn(5, 7, generator=gen)
+    chosen, rejected = torch.tensor([0, 1, 2, 3, 4]), torch.tensor([1, 2, 3, 4, 5])
+    sft = intro.preference_loss(logits, ref, chosen, rejected, "sft")
+    assert torch.allclose(sft, torch.nn.functional.cross_entropy(logits, chosen,
+                                                                 reduction="none"))
+    lp, lr_ = logits.log_softmax(-1), ref.log_softmax(-1)
+    rows = torch.arange(5)
+    z = 0.5 * ((lp[rows, chosen] - lr_[rows, chosen]) - (lp[rows, rejected] - lr_[rows, rejected]))
+    dpo = intro.preference_loss(logits, ref, chosen, rejected, "dpo", beta=0.5)
+    assert torch.allclose(dpo, -torch.nn.functional.logsigmoid(z))
+    # at the reference the DPO loss is log 2
+    at_ref = intro.preference_loss(ref, ref, chosen, rejected, "dpo")
+    assert torch.allclose(at_ref, torch.full((5,), float(np.log(2))))
+    with pytest.raises(ValueError):
+        intro.preference_loss(logits, ref, chosen, rejected, "ppo")
+
+
+def test_stacked_replicates_train_independently(setup):
+    lang, model = setup
+    one = intro.stack_models([model])
+    two = intro.stack_models([model, model])
+    assert torch.equal(intro.unstack(model, two, 1).tok_emb.weight, model.tok_emb.weight)
+    a, losses_a = intro.post_train_anomalies(lang, model, one, "sft", steps=3, seed=5, batch=4)
+    b, losses_b = intro.post_train_anomalies(lang, model, two, "sft", steps=3, seed=5, batch=4)
+    # replicate 0 draws the same pairs alone or in a stack, and its update ignores replicate 1
+    assert losses_b.shape == (3, 2)
+    assert torch.allclose(losses_a[:, 0], losses_b[:, 0], atol=1e-5)
+    for name in a:
+        assert torch.allclose(a[name][0], b[name][0], atol=1e-5)
+    # DPO from the SFT replicates as reference starts at log 2
+    _, losses_d = intro.post_train_anomalies(lang, model, a, "dpo", steps=1, seed=5, batch=4)
+    assert abs(float(losses_d[0, 0]) - np.log(2)) < 1e-5
+    with pytest.raises(ValueError):
+        intro.post_train_anomalies(lang, model, one, "ppo", steps=1)
+
+
+def test_transfer_margins_without_injection_agree(setup):
+    lang, model = setup
+    out = intro.transfer_margins(model, lang, lang.train_concepts, 1, 0.0,
+                                 torch.Generator().manual_seed(0))
+    for key in ("other", "random", "own"):
+        assert np.allclose(out[key], out["none"], atol=1e-5)
+    out = intro.transfer_margins(model, lang, lang.train_concepts, 1, 4.0,
+                                 torch.Generator().manual_seed(0))
+    assert out["other"].shape == (len(lang.train_concepts),)
+    assert not np.allclose(out["other"], out["none"])
+    with pytest.raises(ValueError):
+        intro.transfer_margins(model, lang, [0], 1, 1.0, torch.Generator())
+
+
+def test_two_arms_on_the_same_pair_stream(setup):
+    lang, model = setup
+    two = intro.stack_models([model, model])
+    # both replicates read stream 0 with the same method: they stay identical
+    same, _ = intro.post_train_anomalies(lang, model, two, ["sft", "sft"], steps=2, seed=3,
+                                         batch=4, streams=[0, 0])
+    assert all(torch.allclose(p[0], p[1]) for p in same.values())
+    arms, _ = intro.post_train_anomalies(lang, model, two, ["sft", "dpo"], steps=2, seed=3,
+                                         batch=4, streams=[0, 0])
+    assert not torch.allclose(arms["lm_head.weight"][0], arms["lm_head.weight"][1])
+    with pytest.raises(ValueError):
+        intro.post_train_anomalies(lang, model, two, ["sft"], steps=1)

@@ -16,6 +16,11 @@ A toy reconstruction of the measurement protocol of *Mechanisms of Introspective
   torch's AdamW update written out (it spares the one-time import of torch's compiler stack).
 * :func:`neuron_dla` is direct logit attribution through the final LayerNorm's linearisation
   (eq-intro-dla); :func:`monotonicity` is the Spearman correlation of activation with strength.
+* The transfer toy: :func:`anomaly_batch` makes text-level anomaly prompts (an off-concept
+  attribute in a description), :func:`post_train_anomalies` post-trains stacked replicates on
+  them with SFT or DPO (:func:`preference_loss`, eq-intro-dpo) under ``torch.func.vmap``, never
+  injecting, and :func:`transfer_margins` tests whether injected concept vectors move the
+  anomaly answer (eq-intro-transfer).
 """
 
 from __future__ import annotations
@@ -637,3 +642,257 @@ def chat_detection_log_odds(lm, trials: Sequence[int], vectors: torch.Tensor | N
 
     logprobs = chat_detection_logprobs(lm, trials, vectors, layer, alpha)
     return logprobs[:, llm.token_id(lm, "Yes")] - logprobs[:, llm.token_id(lm, "No")]
+
+
+# --- the transfer toy: post-training on text-level anomalies only -------------------------------
+
+ANOMALY_LENGTH = 10  # tell about c : a1 a2 a3 . detect ?
+ANOMALY_ANSWER = ANOMALY_LENGTH - 1  # position whose next-token logits hold the answer
+ATTRIBUTE_START = 4  # first attribute position of a description
+
+
+def anomaly_batch(lang: ConceptLanguage, concepts: Sequence[int], count: int,
+                  rng: np.random.Generator, foreign: Sequence[int] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Text-level anomaly prompts "tell about c : a1 a2 a3 . detect ?" and their labels.
+
+    In about half the rows (label True) one attribute is replaced by an attribute of another
+    concept, drawn from ``foreign`` (default ``concepts``): an off-concept attribute, visible in
+    the text. Returns tokens of shape ``(count, ANOMALY_LENGTH)`` and a boolean label per row.
+    """
+    concepts = np.asarray(list(concepts))
+    foreign = concepts if foreign is None else np.asarray(list(foreign))
+    count = check_count(count, "count", 1)
+    if len(concepts) < 1 or len(np.union1d(concepts, foreign)) < 2:
+        raise ValueError("need at least two concepts (an off-concept attribute needs another)")
+    own = rng.choice(concepts, size=count)
+    other = rng.choice(foreign, size=count)
+    clash = other == own
+    while clash.any():  # redraw until every row has a different concept
+        other[clash] = rng.choice(foreign, size=int(clash.sum()))
+        clash = other == own
+    odd = rng.random(count) < 0.5
+    slot = rng.integers(ATTRIBUTES, size=count)
+    which = rng.integers(ATTRIBUTES, size=count)
+    attrs = lang.attribute0 + ATTRIBUTES * own[:, None] + np.arange(ATTRIBUTES)[None]
+    rows = np.arange(count)[odd]
+    attrs[rows, slot[odd]] = lang.attribute0 + ATTRIBUTES * other[odd] + which[odd]
+    head = np.stack([np.full(count, lang.word("tell")), np.full(count, lang.word("about")),
+                     lang.concept0 + own, np.full(count, lang.word(":"))], 1)
+    tail = np.tile([lang.word("."), lang.word("detect"), lang.word("?")], (count, 1))
+    tokens = torch.as_tensor(np.hstack([head, attrs, tail])).long()
+    return tokens, torch.as_tensor(odd)
+
+
+def clean_descriptions(lang: ConceptLanguage, concepts: Sequence[int]) -> torch.Tensor:
+    """The anomaly prompt of each concept with its own attributes (no anomaly in the text)."""
+    return torch.tensor([[*lang.description(c), lang.word("detect"), lang.word("?")]
+                         for c in concepts])
+
+
+def answer_margin(logits: torch.Tensor, lang: ConceptLanguage) -> torch.Tensor:
+    """Yes-minus-No logit at the anomaly answer position, over the leading axes of ``logits``."""
+    at = logits[..., ANOMALY_ANSWER, :]
+    return at[..., lang.word("Yes")] - at[..., lang.word("No")]
+
+
+def stack_models(models: Sequence[tnn.TinyGPT]) -> dict[str, torch.Tensor]:
+    """The parameters of ``models`` (one architecture) stacked along a new leading axis."""
+    if not models:
+        raise ValueError("need at least one model")
+    named = [dict(m.named_parameters()) for m in models]
+    return {name: torch.stack([p[name].detach() for p in named]).clone() for name in named[0]}
+
+
+def stacked_logits(template: tnn.TinyGPT, params: dict[str, torch.Tensor],
+                   tokens: torch.Tensor) -> torch.Tensor:
+    """Logits of every stacked replicate on its own tokens ``(R, batch, time)``."""
+    from torch.func import functional_call, vmap
+
+    return vmap(lambda p, x: functional_call(template, p, (x,)))(params, tokens)
+
+
+def unstack(template: tnn.TinyGPT, params: dict[str, torch.Tensor], index: int) -> tnn.TinyGPT:
+    """An ordinary model holding replicate ``index`` of stacked ``params``, in eval mode."""
+    import copy
+
+    model = copy.deepcopy(template)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.copy_(params[name][index])
+    return model.eval()
+
+
+def stacked_fit(params: dict[str, torch.Tensor], loss_of, *, steps: int, lr: float,
+                grad_clip: float = 1.0) -> torch.Tensor:
+    """Train stacked ``params`` in place with one loss per replicate; return losses ``(steps, R)``.
+
+    ``loss_of(params, step)`` returns the ``R`` losses. Each replicate gets the update of
+    :func:`pretrain` (Adam, warm-up over a tenth of the steps and cosine decay, its own gradient
+    clipped at norm ``grad_clip``), so R replicates train as R independent runs would, in one
+    batched pass per step.
+    """
+    steps = check_count(steps, "steps", 1)
+    names = list(params)
+    for name in names:
+        params[name].requires_grad_(True)
+    count = params[names[0]].shape[0]
+    moments = {n: torch.zeros_like(params[n]) for n in names}
+    squares = {n: torch.zeros_like(params[n]) for n in names}
+    beta1, beta2, eps = 0.9, 0.999, 1e-8
+    warmup = max(1, steps // 10)
+    losses = torch.empty(steps, count)
+    for step in range(steps):
+        per = loss_of(params, step)
+        grads = torch.autograd.grad(per.sum(), [params[n] for n in names])
+        with torch.no_grad():
+            norms = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads))
+            factor = (grad_clip / (norms + 1e-6)).clamp(max=1.0)
+            rate = lr * tnn.cosine_schedule(step, steps, warmup)
+            c1, c2 = 1 - beta1 ** (step + 1), math.sqrt(1 - beta2 ** (step + 1))
+            for name, grad in zip(names, grads, strict=True):
+                shape = (count,) + (1,) * (grad.ndim - 1)
+                grad = grad * factor.reshape(shape)
+                moments[name].lerp_(grad, 1 - beta1)
+                squares[name].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                params[name].sub_(moments[name] / (squares[name].sqrt() / c2).add_(eps)
+                                  * (rate / c1))
+        losses[step] = per.detach()
+    for name in names:
+        params[name].requires_grad_(False)
+    return losses
+
+
+def pretrain_replicates(lang: ConceptLanguage, seeds: Sequence[int], *, steps: int,
+                        rows: int = 512, lr: float = 3e-3, batch_size: int = 32,
+                        **model_kwargs) -> tuple[tnn.TinyGPT, dict[str, torch.Tensor]]:
+    """:func:`pretrain` for one model per seed at once (own initialisation, corpus and batches).
+
+    Returns a template model and the stacked pretrained parameters.
+    """
+    seeds = [int(s) for s in seeds]
+    models = [make_model(lang, seed=s, **model_kwargs) for s in seeds]
+    template = models[0].train()
+    corpora = [tnn.as_token_tensor(lang.corpus(rows, 48, np.random.default_rng(s)))
+               for s in seeds]
+    generators = [torch.Generator().manual_seed(s) for s in seeds]
+    context = template.config.context
+    params = stack_models(models)
+
+    def loss_of(p, step):
+        windows = [tnn.random_windows(t, batch_size, context, g)
+                   for t, g in zip(corpora, generators, strict=True)]
+        x, y = torch.stack([w[0] for w in windows]), torch.stack([w[1] for w in windows])
+        logits = stacked_logits(template, p, x)
+        return F.cross_entropy(logits.flatten(1, 2).transpose(1, 2), y.flatten(1),
+                               reduction="none").mean(1)
+
+    stacked_fit(params, loss_of, steps=steps, lr=lr)
+    template.eval()
+    return template, params
+
+
+def preference_loss(logits: torch.Tensor, ref_logits: torch.Tensor, chosen: torch.Tensor,
+                    rejected: torch.Tensor, method: str, beta: float = 0.1) -> torch.Tensor:
+    r"""Per-row loss of one preference pair with a one-token answer (eq-intro-dpo).
+
+    ``method="sft"``: $-\log p_\theta(y_w)$, the cross-entropy of the chosen answer.
+    ``method="dpo"``: $-\log \sigma\big(\beta[(\log p_\theta(y_w) - \log p_{\text{ref}}(y_w))
+    - (\log p_\theta(y_l) - \log p_{\text{ref}}(y_l))]\big)$. ``logits`` and ``ref_logits`` are
+    the answer position's logits ``(..., vocab)``; ``chosen``/``rejected`` token ids ``(...)``.
+    """
+    logp = F.log_softmax(logits, -1)
+    lw = logp.gather(-1, chosen[..., None])[..., 0]
+    if method == "sft":
+        return -lw
+    if method != "dpo":
+        raise ValueError(f"method must be 'sft' or 'dpo', got {method!r}")
+    ref = F.log_softmax(ref_logits, -1)
+    ll = logp.gather(-1, rejected[..., None])[..., 0]
+    rw = ref.gather(-1, chosen[..., None])[..., 0]
+    rl = ref.gather(-1, rejected[..., None])[..., 0]
+    return -F.logsigmoid(beta * ((lw - rw) - (ll - rl)))
+
+
+def post_train_anomalies(lang: ConceptLanguage, template: tnn.TinyGPT,
+                         start: dict[str, torch.Tensor], method: str | Sequence[str], *,
+                         steps: int, seed: int = 0, lr: float = 3e-3, batch: int = 16,
+                         beta: float = 0.5, streams: Sequence[int] | None = None
+                         ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Post-train stacked replicates on text-level anomaly preference pairs (eq-intro-dpo).
+
+    A pair is an anomaly prompt of a train concept (:func:`anomaly_batch`, off-concept
+    attributes from other train concepts), chosen answer "Yes" when the text holds an
+    off-concept attribute and "No" otherwise, rejected answer the other one. Replicate ``r``
+    draws its pairs from ``seed + r``, so two calls with the same ``seed`` (an SFT stage and a
+    DPO stage) see exactly the same pairs in the same order; ``streams[r]`` overrides that
+    offset (two replicates with the same stream see the same pairs). ``method`` is one method
+    for all replicates or one per replicate; ``"dpo"`` uses the replicate's starting parameters
+    in ``start`` as the reference. No activation is ever injected. Returns the post-trained
+    stacked parameters and the losses ``(steps, R)``.
+    """
+    count = next(iter(start.values())).shape[0]
+    methods = [method] * count if isinstance(method, str) else list(method)
+    streams = list(range(count)) if streams is None else [int(k) for k in streams]
+    if len(methods) != count or len(streams) != count:
+        raise ValueError(f"need one method and one stream per replicate ({count})")
+    if not set(methods) <= {"sft", "dpo"}:
+        raise ValueError(f"methods must be 'sft' or 'dpo', got {sorted(set(methods))}")
+    is_dpo = torch.tensor([m == "dpo" for m in methods])
+    params = {n: p.clone() for n, p in start.items()}
+    rngs = [np.random.default_rng(seed + k) for k in streams]
+    yes, no = lang.word("Yes"), lang.word("No")
+
+    def loss_of(p, step):
+        data = [anomaly_batch(lang, lang.train_concepts, batch, g) for g in rngs]
+        tokens = torch.stack([d[0] for d in data])
+        odd = torch.stack([d[1] for d in data])
+        chosen, rejected = torch.where(odd, yes, no), torch.where(odd, no, yes)
+        logits = stacked_logits(template, p, tokens)[:, :, ANOMALY_ANSWER]
+        sft = preference_loss(logits, None, chosen, rejected, "sft").mean(1)
+        if not is_dpo.any():
+            return sft
+        with torch.no_grad():
+            ref = stacked_logits(template, start, tokens)[:, :, ANOMALY_ANSWER]
+        dpo = preference_loss(logits, ref, chosen, rejected, "dpo", beta).mean(1)
+        return torch.where(is_dpo, dpo, sft)
+
+    template.train()
+    losses = stacked_fit(params, loss_of, steps=steps, lr=lr)
+    template.eval()
+    return params, losses
+
+
+def transfer_margins(model: tnn.TinyGPT, lang: ConceptLanguage, concepts: Sequence[int],
+                     layer: int, alpha: float, generator: torch.Generator) -> dict[str, np.ndarray]:
+    r"""Anomaly margins on clean descriptions under concept injection (eq-intro-transfer).
+
+    For each concept $c$ of ``concepts`` the prompt is its clean anomaly prompt, and
+    ``alpha`` times a vector is added to block ``layer``'s output from the first attribute
+    position on: nothing (``"none"``), the concept vector of every other concept of
+    ``concepts`` in turn (``"other"``: an off-concept thought, averaged over them), a
+    norm-matched random vector for each of those (``"random"``), or $c$'s own vector
+    (``"own"``). Returns the mean Yes-minus-No margin per concept under each condition, and the
+    share of Yes answers (keys ending in ``"_yes"``).
+    """
+    concepts = list(concepts)
+    if len(concepts) < 2:
+        raise ValueError("need at least two concepts")
+    vecs = concept_vectors(model, lang, concepts, layer)
+    prompts = clean_descriptions(lang, concepts)
+    k = len(concepts)
+    pairs = [(i, j) for i in range(k) for j in range(k) if i != j]
+    rows = torch.tensor([i for i, _ in pairs])
+    others = vecs[torch.tensor([j for _, j in pairs])]
+    conditions = {"none": (prompts, torch.zeros_like(vecs)), "other": (prompts[rows], others),
+                  "random": (prompts[rows], norm_matched_random(others, generator)),
+                  "own": (prompts, vecs)}
+    out = {}
+    with torch.no_grad():
+        for name, (tokens, add) in conditions.items():
+            with inject(model, layer, add, alpha, start=ATTRIBUTE_START):
+                margin = answer_margin(model(tokens), lang)
+            margin = margin.view(k, k - 1) if name in ("other", "random") else margin[:, None]
+            out[name] = margin.mean(1).numpy()
+            out[f"{name}_yes"] = (margin > 0).float().mean(1).numpy()
+    return out
