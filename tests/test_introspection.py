@@ -269,9 +269,9 @@ def test_preference_loss_sft_and_dpo():
 
 def test_stacked_replicates_train_independently(setup):
     lang, model = setup
-    one = intro.stack_models([model])
-    two = intro.stack_models([model, model])
-    assert torch.equal(intro.unstack(model, two, 1).tok_emb.weight, model.tok_emb.weight)
+    one = tnn.stack_models([model])
+    two = tnn.stack_models([model, model])
+    assert torch.equal(tnn.unstack(model, two, 1).tok_emb.weight, model.tok_emb.weight)
     a, losses_a = intro.post_train_anomalies(lang, model, one, "sft", steps=3, seed=5, batch=4)
     b, losses_b = intro.post_train_anomalies(lang, model, two, "sft", steps=3, seed=5, batch=4)
     # replicate 0 draws the same pairs alone or in a stack, and its update ignores replicate 1
@@ -302,7 +302,7 @@ def test_transfer_margins_without_injection_agree(setup):
 
 def test_two_arms_on_the_same_pair_stream(setup):
     lang, model = setup
-    two = intro.stack_models([model, model])
+    two = tnn.stack_models([model, model])
     # both replicates read stream 0 with the same method: they stay identical
     same, _ = intro.post_train_anomalies(lang, model, two, ["sft", "sft"], steps=2, seed=3,
                                          batch=4, streams=[0, 0])

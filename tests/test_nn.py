@@ -244,3 +244,41 @@ def test_adamw_matches_torch(weight_decay):
         tnn.AdamW([], lr=0.1)
     with pytest.raises(ValueError):
         tnn.AdamW(list(ours.parameters()), lr=float("nan"))
+
+
+def test_stacked_fit_trains_each_replicate_as_an_independent_run():
+    models = [torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+              for _ in range(3)]
+    for seed, model in enumerate(models):
+        torch.manual_seed(seed)
+        for p in model.parameters():
+            torch.nn.init.normal_(p)
+    x = torch.randn(3, 8, 3, generator=torch.Generator().manual_seed(0))
+    template = models[0]
+
+    def loss_of(params, step):
+        return tnn.stacked_logits(template, params, x * (1 + step)).pow(2).mean((1, 2))
+
+    stacked = tnn.stack_models(models)
+    losses = tnn.stacked_fit(stacked, loss_of, steps=5, lr=0.05, grad_clip=0.5)
+    assert losses.shape == (5, 3)
+    for r, model in enumerate(models):  # replicate r alone, in a stack of one
+        alone = tnn.stack_models([model])
+        alone_losses = tnn.stacked_fit(
+            alone, lambda p, step, r=r: tnn.stacked_logits(template, p, x[r:r + 1] * (1 + step))
+            .pow(2).mean((1, 2)), steps=5, lr=0.05, grad_clip=0.5)
+        assert torch.allclose(losses[:, r], alone_losses[:, 0], atol=1e-6)
+        back = tnn.unstack(template, stacked, r)
+        for name, p in back.named_parameters():
+            assert torch.allclose(p, alone[name][0], atol=1e-6)
+        assert not back.training
+    # the original models are untouched: the stack holds copies
+    assert not torch.allclose(tnn.unstack(template, stacked, 0)[0].weight, models[0][0].weight)
+
+
+def test_stacking_rejects_bad_input():
+    with pytest.raises(ValueError, match="at least one model"):
+        tnn.stack_models([])
+    params = tnn.stack_models([torch.nn.Linear(2, 1)])
+    with pytest.raises(ValueError, match="steps"):
+        tnn.stacked_fit(params, lambda p, step: p["weight"].sum((1, 2)), steps=0, lr=0.1)

@@ -696,73 +696,6 @@ def answer_margin(logits: torch.Tensor, lang: ConceptLanguage) -> torch.Tensor:
     return at[..., lang.word("Yes")] - at[..., lang.word("No")]
 
 
-def stack_models(models: Sequence[tnn.TinyGPT]) -> dict[str, torch.Tensor]:
-    """The parameters of ``models`` (one architecture) stacked along a new leading axis."""
-    if not models:
-        raise ValueError("need at least one model")
-    named = [dict(m.named_parameters()) for m in models]
-    return {name: torch.stack([p[name].detach() for p in named]).clone() for name in named[0]}
-
-
-def stacked_logits(template: tnn.TinyGPT, params: dict[str, torch.Tensor],
-                   tokens: torch.Tensor) -> torch.Tensor:
-    """Logits of every stacked replicate on its own tokens ``(R, batch, time)``."""
-    from torch.func import functional_call, vmap
-
-    return vmap(lambda p, x: functional_call(template, p, (x,)))(params, tokens)
-
-
-def unstack(template: tnn.TinyGPT, params: dict[str, torch.Tensor], index: int) -> tnn.TinyGPT:
-    """An ordinary model holding replicate ``index`` of stacked ``params``, in eval mode."""
-    import copy
-
-    model = copy.deepcopy(template)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            parameter.copy_(params[name][index])
-    return model.eval()
-
-
-def stacked_fit(params: dict[str, torch.Tensor], loss_of, *, steps: int, lr: float,
-                grad_clip: float = 1.0) -> torch.Tensor:
-    """Train stacked ``params`` in place with one loss per replicate; return losses ``(steps, R)``.
-
-    ``loss_of(params, step)`` returns the ``R`` losses. Each replicate gets the update of
-    :func:`pretrain` (Adam, warm-up over a tenth of the steps and cosine decay, its own gradient
-    clipped at norm ``grad_clip``), so R replicates train as R independent runs would, in one
-    batched pass per step.
-    """
-    steps = check_count(steps, "steps", 1)
-    names = list(params)
-    for name in names:
-        params[name].requires_grad_(True)
-    count = params[names[0]].shape[0]
-    moments = {n: torch.zeros_like(params[n]) for n in names}
-    squares = {n: torch.zeros_like(params[n]) for n in names}
-    beta1, beta2, eps = 0.9, 0.999, 1e-8
-    warmup = max(1, steps // 10)
-    losses = torch.empty(steps, count)
-    for step in range(steps):
-        per = loss_of(params, step)
-        grads = torch.autograd.grad(per.sum(), [params[n] for n in names])
-        with torch.no_grad():
-            norms = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads))
-            factor = (grad_clip / (norms + 1e-6)).clamp(max=1.0)
-            rate = lr * tnn.cosine_schedule(step, steps, warmup)
-            c1, c2 = 1 - beta1 ** (step + 1), math.sqrt(1 - beta2 ** (step + 1))
-            for name, grad in zip(names, grads, strict=True):
-                shape = (count,) + (1,) * (grad.ndim - 1)
-                grad = grad * factor.reshape(shape)
-                moments[name].lerp_(grad, 1 - beta1)
-                squares[name].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                params[name].sub_(moments[name] / (squares[name].sqrt() / c2).add_(eps)
-                                  * (rate / c1))
-        losses[step] = per.detach()
-    for name in names:
-        params[name].requires_grad_(False)
-    return losses
-
-
 def pretrain_replicates(lang: ConceptLanguage, seeds: Sequence[int], *, steps: int,
                         rows: int = 512, lr: float = 3e-3, batch_size: int = 32,
                         **model_kwargs) -> tuple[tnn.TinyGPT, dict[str, torch.Tensor]]:
@@ -777,17 +710,17 @@ def pretrain_replicates(lang: ConceptLanguage, seeds: Sequence[int], *, steps: i
                for s in seeds]
     generators = [torch.Generator().manual_seed(s) for s in seeds]
     context = template.config.context
-    params = stack_models(models)
+    params = tnn.stack_models(models)
 
     def loss_of(p, step):
         windows = [tnn.random_windows(t, batch_size, context, g)
                    for t, g in zip(corpora, generators, strict=True)]
         x, y = torch.stack([w[0] for w in windows]), torch.stack([w[1] for w in windows])
-        logits = stacked_logits(template, p, x)
+        logits = tnn.stacked_logits(template, p, x)
         return F.cross_entropy(logits.flatten(1, 2).transpose(1, 2), y.flatten(1),
                                reduction="none").mean(1)
 
-    stacked_fit(params, loss_of, steps=steps, lr=lr)
+    tnn.stacked_fit(params, loss_of, steps=steps, lr=lr)
     template.eval()
     return template, params
 
@@ -848,17 +781,17 @@ def post_train_anomalies(lang: ConceptLanguage, template: tnn.TinyGPT,
         tokens = torch.stack([d[0] for d in data])
         odd = torch.stack([d[1] for d in data])
         chosen, rejected = torch.where(odd, yes, no), torch.where(odd, no, yes)
-        logits = stacked_logits(template, p, tokens)[:, :, ANOMALY_ANSWER]
+        logits = tnn.stacked_logits(template, p, tokens)[:, :, ANOMALY_ANSWER]
         sft = preference_loss(logits, None, chosen, rejected, "sft").mean(1)
         if not is_dpo.any():
             return sft
         with torch.no_grad():
-            ref = stacked_logits(template, start, tokens)[:, :, ANOMALY_ANSWER]
+            ref = tnn.stacked_logits(template, start, tokens)[:, :, ANOMALY_ANSWER]
         dpo = preference_loss(logits, ref, chosen, rejected, "dpo", beta).mean(1)
         return torch.where(is_dpo, dpo, sft)
 
     template.train()
-    losses = stacked_fit(params, loss_of, steps=steps, lr=lr)
+    losses = tnn.stacked_fit(params, loss_of, steps=steps, lr=lr)
     template.eval()
     return params, losses
 

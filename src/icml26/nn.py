@@ -24,8 +24,9 @@ Prism-MoE).
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -380,6 +381,71 @@ class AdamW:
             m.lerp_(grad, 1 - beta1)
             v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             p.addcdiv_(m, (v.sqrt() / correction2_sqrt).add_(self.eps), value=-lr / correction1)
+
+
+def stack_models(models: Sequence[nn.Module]) -> dict[str, torch.Tensor]:
+    """The parameters of ``models`` (one architecture) stacked along a new leading axis."""
+    if not models:
+        raise ValueError("need at least one model")
+    named = [dict(m.named_parameters()) for m in models]
+    return {name: torch.stack([p[name].detach() for p in named]).clone() for name in named[0]}
+
+
+def stacked_logits(template: nn.Module, params: dict[str, torch.Tensor],
+                   tokens: torch.Tensor) -> torch.Tensor:
+    """Logits of every stacked replicate on its own tokens ``(R, batch, time)``."""
+    from torch.func import functional_call, vmap
+
+    return vmap(lambda p, x: functional_call(template, p, (x,)))(params, tokens)
+
+
+def unstack(template: nn.Module, params: dict[str, torch.Tensor], index: int) -> nn.Module:
+    """An ordinary model holding replicate ``index`` of stacked ``params``, in eval mode."""
+    model = copy.deepcopy(template)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.copy_(params[name][index])
+    return model.eval()
+
+
+def stacked_fit(params: dict[str, torch.Tensor], loss_of, *, steps: int, lr: float,
+                grad_clip: float = 1.0) -> torch.Tensor:
+    """Train stacked ``params`` in place with one loss per replicate; return losses ``(steps, R)``.
+
+    ``loss_of(params, step)`` returns the ``R`` losses. Each replicate gets Adam's update (as
+    :class:`AdamW` without weight decay), warm-up over a tenth of the steps and cosine decay
+    (:func:`cosine_schedule`), and its own gradient clipped at norm ``grad_clip``, so R replicates
+    train as R independent runs would, in one batched pass per step.
+    """
+    steps = check_count(steps, "steps", 1)
+    names = list(params)
+    for name in names:
+        params[name].requires_grad_(True)
+    count = params[names[0]].shape[0]
+    moments = {n: torch.zeros_like(params[n]) for n in names}
+    squares = {n: torch.zeros_like(params[n]) for n in names}
+    beta1, beta2, eps = 0.9, 0.999, 1e-8
+    warmup = max(1, steps // 10)
+    losses = torch.empty(steps, count)
+    for step in range(steps):
+        per = loss_of(params, step)
+        grads = torch.autograd.grad(per.sum(), [params[n] for n in names])
+        with torch.no_grad():
+            norms = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads))
+            factor = (grad_clip / (norms + 1e-6)).clamp(max=1.0)
+            rate = lr * cosine_schedule(step, steps, warmup)
+            c1, c2 = 1 - beta1 ** (step + 1), math.sqrt(1 - beta2 ** (step + 1))
+            for name, grad in zip(names, grads, strict=True):
+                shape = (count,) + (1,) * (grad.ndim - 1)
+                grad = grad * factor.reshape(shape)
+                moments[name].lerp_(grad, 1 - beta1)
+                squares[name].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                params[name].sub_(moments[name] / (squares[name].sqrt() / c2).add_(eps)
+                                  * (rate / c1))
+        losses[step] = per.detach()
+    for name in names:
+        params[name].requires_grad_(False)
+    return losses
 
 
 def train(model: nn.Module, sequences, *, steps: int, batch_size: int = 32, lr: float = 3e-3,

@@ -37,7 +37,7 @@ import numbers
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import ndtr
+from scipy.special import ndtr, softmax
 
 from icml26.core import check_count, check_positive
 
@@ -223,9 +223,7 @@ def play(game: AlternatingGame, types: SellerTypes, strategies, type_index, coin
 
 def posterior(loglik) -> np.ndarray:
     """Per-episode posterior over types under a uniform prior: ``softmax(loglik)``."""
-    ll = np.asarray(loglik, dtype=float)
-    w = np.exp(ll - ll.max(axis=-1, keepdims=True))
-    return w / w.sum(axis=-1, keepdims=True)
+    return softmax(np.asarray(loglik, dtype=float), axis=-1)
 
 
 @dataclass
