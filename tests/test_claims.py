@@ -409,3 +409,13 @@ def test_collect_rows_reads_every_displayed_check(displayed):
     rows = collect_rows(notebook)
     assert [(r["kind"], r["enforced"]) for r in rows] == [("verification", True),
                                                           ("paper", False)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 17, 400])
+def test_clopper_pearson_for_every_count_equals_one_by_one(n):
+    from icml26.claims import _clopper_pearson_all
+
+    table = _clopper_pearson_all(n, 0.1)
+    assert table.shape == (n + 1, 2)
+    for k in range(n + 1):
+        assert tuple(table[k]) == pytest.approx(clopper_pearson(k, n, 0.1), abs=1e-15)

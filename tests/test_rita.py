@@ -336,3 +336,26 @@ def test_ot_margin_sign():
     d = torch.tensor([[0.1, 0.3, 0.2], [0.5, 0.2, 0.4]])
     y = torch.tensor([0, 0])
     assert torch.allclose(rita.ot_margin(d, y), torch.tensor([-0.1, 0.3]))
+
+
+def test_kernel_and_log_domain_sinkhorn_agree_in_plan_and_gradient():
+    gen = torch.Generator().manual_seed(3)
+    base = 2 * torch.rand(4, 3, 9, 5, generator=gen, dtype=torch.float64)
+    a = torch.softmax(torch.randn(4, 3, 9, generator=gen, dtype=torch.float64), -1)
+    b = torch.full((4, 3, 5), 0.2, dtype=torch.float64)
+    plans, grads = [], []
+    for log_domain in (True, False):
+        cost = base.clone().requires_grad_(True)
+        plan = rita.sinkhorn(cost, a, b, 0.05, 40, log_domain=log_domain)
+        (grad,) = torch.autograd.grad(rita.entropic_objective(plan, cost, 0.05).sum(), cost)
+        plans.append(plan.detach())
+        grads.append(grad)
+    assert torch.allclose(plans[0], plans[1], rtol=1e-9, atol=1e-12)
+    assert torch.allclose(grads[0], grads[1], rtol=1e-7, atol=1e-9)
+    # the default picks the kernel domain for a spread of 2 / 0.05 = 40 <= KERNEL_SPREAD ...
+    assert torch.equal(rita.sinkhorn(base, a, b, 0.05, 40), plans[1])
+    # ... and the log domain where exp(-C / reg) would underflow: the plan stays exact
+    tiny = rita.sinkhorn(base, a, b, 1e-3, 400)
+    assert torch.isfinite(tiny).all()
+    assert torch.allclose(tiny.sum(-2), b, atol=1e-6)
+    assert torch.equal(tiny, rita.sinkhorn(base, a, b, 1e-3, 400, log_domain=True))

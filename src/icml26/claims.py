@@ -327,6 +327,15 @@ def clopper_pearson(successes: float, trials: int, level: float = LEVEL) -> tupl
     return lower, upper
 
 
+def _clopper_pearson_all(trials: int, level: float = LEVEL) -> np.ndarray:
+    """:func:`clopper_pearson` for every count ``0..trials`` at once, shape ``(trials + 1, 2)``."""
+    counts = np.arange(trials + 1, dtype=float)
+    lower = np.concatenate([[0.0], stats.beta.ppf(level / 2, counts[1:], trials - counts[1:] + 1)])
+    upper = np.concatenate([stats.beta.ppf(1 - level / 2, counts[:-1] + 1, trials - counts[:-1]),
+                            [1.0]])
+    return np.stack([lower, upper], axis=1)
+
+
 @dataclass(frozen=True)
 class RateClaim:
     """A rate claimed to be at most (or at least) ``bound``, with its Clopper-Pearson interval."""
@@ -370,7 +379,7 @@ class RateClaim:
         """The distance from the bound at which the claim is reproduced with :data:`POWER`."""
         n = self.trials
         counts = np.arange(n + 1)
-        bounds = np.array([clopper_pearson(k, n, self.level) for k in counts])
+        bounds = _clopper_pearson_all(n, self.level)
         if self.side == "at_most":
             wins = counts[bounds[:, 1] < self.bound]
             if wins.size == 0:

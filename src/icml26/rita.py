@@ -9,8 +9,9 @@ Pieces, in the order the chapter derives them:
   (:func:`pgd`, ``eq-rita-pgd``) and two adaptive ones through the views: on the averaged
   prediction (:func:`eot_pgd`, ``eq-rita-eotpgd``) and on RITA's OT margin after its prompt step
   (:func:`ot_pgd`, ``eq-rita-otpgd``);
-* a batched log-domain Sinkhorn solver (:func:`sinkhorn`, ``eq-rita-eot``) and the per-class OT
-  distance between the views and the class's prompts (:func:`ot_distances`, ``eq-rita-dot``);
+* a batched Sinkhorn solver, in the log or the kernel domain (:func:`sinkhorn`, ``eq-rita-eot``),
+  and the per-class OT distance between the views and the class's prompts (:func:`ot_distances`,
+  ``eq-rita-dot``);
 * the methods: zero-shot, TPT (``eq-rita-tpt``), R-TPT's reliability-weighted ensemble
   (``eq-rita-rtpt``), RITA's prompt step and OT prediction (``eq-rita-predict``) and the dynamic
   cache (:func:`run_cache`, ``eq-rita-cache``, Procrustes alignment ``eq-rita-procrustes``).
@@ -198,7 +199,8 @@ class MiniCLIP(nn.Module):
     def image_features(self, x: torch.Tensor) -> torch.Tensor:
         """Unit-norm image features, shape ``(..., dim)`` for images ``(..., 1, 8, 8)``."""
         lead = x.shape[:-3]
-        z = self.encoder(x.reshape(-1, 1, 8, 8))
+        # chunks of 512 images keep the activations in cache: about 3x faster on one CPU core
+        z = torch.cat([self.encoder(chunk) for chunk in x.reshape(-1, 1, 8, 8).split(512)])
         return fn.normalize(z, dim=-1).reshape(*lead, -1)
 
     def text_features(self, context: torch.Tensor | None = None) -> torch.Tensor:
@@ -403,25 +405,48 @@ def fgsm(model, x: torch.Tensor, y: torch.Tensor, epsilon: float) -> torch.Tenso
 # --- optimal transport ----------------------------------------------------------------------
 
 
+KERNEL_SPREAD = 50.0
+"""Largest cost spread within one problem, in units of ``reg``, that :func:`sinkhorn` solves in
+the kernel domain: ``exp(-50)`` is about ``2e-22``, far from float32's underflow."""
+
+
 def sinkhorn(cost: torch.Tensor, a: torch.Tensor, b: torch.Tensor, reg: float,
-             n_iter: int = 100) -> torch.Tensor:
-    """Entropic OT plan (``eq-rita-eot``) by log-domain Sinkhorn, batched over leading axes.
+             n_iter: int = 100, *, log_domain: bool | None = None) -> torch.Tensor:
+    """Entropic OT plan (``eq-rita-eot``) by Sinkhorn iterations, batched over leading axes.
 
     ``cost`` has shape ``(..., N, M)``, ``a`` ``(..., N)`` and ``b`` ``(..., M)`` (positive, each
     summing to one). Returns ``T = exp((f_n + g_m - C_nm) / reg)`` after ``n_iter`` alternating
-    updates of the dual potentials; differentiable with respect to ``cost``.
+    updates of the dual potentials, started at ``g = 0``; differentiable with respect to
+    ``cost``. The log domain updates ``f`` and ``g`` by log-sum-exp (``eq-rita-sinkhorn``); the
+    kernel domain runs the same iterates as scalings ``u = exp(f / reg)``, ``v = exp(g / reg)``
+    of the kernel ``exp(-C / reg)`` (``eq-rita-kernel``), several times faster but safe only for
+    a bounded spread of costs. By
+    default (``log_domain=None``) the kernel domain is used when every problem's spread of costs
+    is at most :data:`KERNEL_SPREAD` times ``reg`` (RITA's cosine costs lie in [0, 2]).
     """
     if reg <= 0 or not math.isfinite(reg):
         raise ValueError(f"reg must be positive and finite, got {reg}")
     if cost.shape[-2] != a.shape[-1] or cost.shape[-1] != b.shape[-1]:
         raise ValueError("marginals do not match the cost matrix")
-    log_a, log_b = torch.log(a), torch.log(b)
-    f = torch.zeros_like(cost[..., :, 0])
-    g = torch.zeros_like(cost[..., 0, :])
-    for _ in range(check_count(n_iter, "n_iter", 1)):
-        f = reg * (log_a - torch.logsumexp((g.unsqueeze(-2) - cost) / reg, dim=-1))
-        g = reg * (log_b - torch.logsumexp((f.unsqueeze(-1) - cost) / reg, dim=-2))
-    return torch.exp((f.unsqueeze(-1) + g.unsqueeze(-2) - cost) / reg)
+    n_iter = check_count(n_iter, "n_iter", 1)
+    if log_domain is None:
+        spread = cost.detach().amax((-1, -2)) - cost.detach().amin((-1, -2))
+        log_domain = not bool((spread <= KERNEL_SPREAD * reg).all())
+    if log_domain:
+        log_a, log_b = torch.log(a), torch.log(b)
+        f = torch.zeros_like(cost[..., :, 0])
+        g = torch.zeros_like(cost[..., 0, :])
+        for _ in range(n_iter):
+            f = reg * (log_a - torch.logsumexp((g.unsqueeze(-2) - cost) / reg, dim=-1))
+            g = reg * (log_b - torch.logsumexp((f.unsqueeze(-1) - cost) / reg, dim=-2))
+        return torch.exp((f.unsqueeze(-1) + g.unsqueeze(-2) - cost) / reg)
+    # shifting each problem's costs by its minimum rescales u only: the plan is unchanged
+    kernel = torch.exp(-(cost - cost.amin((-1, -2), keepdim=True)) / reg)
+    v = torch.ones_like(cost[..., 0, :])
+    for _ in range(n_iter):
+        u = a / (kernel * v.unsqueeze(-2)).sum(-1)  # f = reg * (log a - LSE((g - C) / reg))
+        v = b / (kernel * u.unsqueeze(-1)).sum(-2)  # g = reg * (log b - LSE((f - C) / reg))
+    return u.unsqueeze(-1) * kernel * v.unsqueeze(-2)
 
 
 def entropic_objective(plan: torch.Tensor, cost: torch.Tensor, reg: float) -> torch.Tensor:
