@@ -1,5 +1,6 @@
 """Tests for icml26.rita: Sinkhorn against POT, the attack, the views, the methods, bad input."""
 
+import json
 import math
 
 import numpy as np
@@ -359,3 +360,24 @@ def test_kernel_and_log_domain_sinkhorn_agree_in_plan_and_gradient():
     assert torch.isfinite(tiny).all()
     assert torch.allclose(tiny.sum(-2), b, atol=1e-6)
     assert torch.equal(tiny, rita.sinkhorn(base, a, b, 1e-3, 400, log_domain=True))
+
+
+def test_stored_full_tier_run_reads_back_and_checks_its_source(tmp_path):
+    record = dict(chapter="rita", tier="full", seed=0, commit="abc", wall_minutes=1.0,
+                  glued={"n_models": 32.0},
+                  rows=[dict(kind="paper", statement="under attack RITA beats TPT",
+                             verdict="reproduced", estimate=0.2, lower=0.1, upper=0.3, mde=0.05),
+                        dict(kind="paper", statement="under attack RITA beats R-TPT",
+                             verdict="inconclusive", estimate=0.0, lower=-0.1, upper=0.1,
+                             mde=0.05)])
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(record))
+    loaded = rita.load_full_tier(path)
+    assert rita.full_tier_row(loaded, "under attack RITA beats TPT")["estimate"] == 0.2
+    with pytest.raises(ValueError, match="2 stored rows"):
+        rita.full_tier_row(loaded, "under attack RITA beats")
+    with pytest.raises(ValueError, match="0 stored rows"):
+        rita.full_tier_row(loaded, "the cache")
+    path.write_text(json.dumps(dict(record, tier="book")))
+    with pytest.raises(ValueError, match="not a full-tier run"):
+        rita.load_full_tier(path)
