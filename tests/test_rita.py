@@ -381,3 +381,15 @@ def test_stored_full_tier_run_reads_back_and_checks_its_source(tmp_path):
     path.write_text(json.dumps(dict(record, tier="book")))
     with pytest.raises(ValueError, match="not a full-tier run"):
         rita.load_full_tier(path)
+
+
+def test_stored_full_tier_run_matches_the_chapters_claims():
+    """The stored rows belong to the chapter as it stands: one per paper claim and finding, each
+    statement's opening in the chapter (a changed claim needs data/make_rita_full_tier.py)."""
+    record = rita.load_full_tier()
+    chapter = (rita.FULL_TIER_FILE.parents[1] / "book" / "chapters" / "rita.md").read_text()
+    calls = chapter.count("claims.paper(") + chapter.count("claims.finding(")
+    assert len(record["rows"]) == calls
+    for row in record["rows"]:
+        assert row["statement"][:40] in chapter, row["statement"]
+    assert record["glued"]["n_models"] == 32 and record["tier"] == "full"
