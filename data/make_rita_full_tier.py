@@ -1,12 +1,14 @@
 """Write data/rita_full_tier.json: the rita chapter's claims rows from one run of its full tier.
 
-The full tier trains 32 mini-CLIPs and runs the adaptive attacks on 300 images of each, about
-an hour of CPU: too long for the book build, which runs the book tier. The chapter shows the
-stored rows of one full-tier run beside its own. Run from the repository root:
-    .venv/bin/python data/make_rita_full_tier.py [EXECUTED_NOTEBOOK]
-Without an argument it executes the chapter at the full tier, seed 0 (`icml26 run`). With one,
-it reads a notebook already executed at the full tier. The file records the commit and the
-wall-clock time of the run with every row (`icml26.rita.load_full_tier` reads it).
+The full tier trains 32 mini-CLIPs with 64 views and runs the adaptive attacks on 300 images of
+each, about 25 minutes on one core: too long for the book build, which runs the book tier. The
+chapter shows the stored rows of one full-tier run beside its own. Run from the repository
+root, on a tree without uncommitted changes:
+    .venv/bin/python data/make_rita_full_tier.py
+It executes the chapter at the full tier, seed 0 (`icml26 run`), and records the commit it ran
+on. To store a notebook already executed at the full tier, name it and the commit it ran on:
+    .venv/bin/python data/make_rita_full_tier.py NOTEBOOK --commit SHA
+`icml26.rita.load_full_tier` reads the file; `tests/test_rita.py` checks it against the chapter.
 """
 
 import hashlib
@@ -37,11 +39,18 @@ def glued_values(notebook) -> dict[str, float]:
 
 
 def main() -> None:
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout.strip()
-    if len(sys.argv) > 1:
-        path = Path(sys.argv[1])
+    args = sys.argv[1:]
+    if args:
+        if len(args) != 3 or args[1] != "--commit":
+            raise SystemExit("usage: make_rita_full_tier.py [NOTEBOOK --commit SHA]")
+        path, commit = Path(args[0]), args[2]
     else:
+        changes = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                 cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        if changes.strip():
+            raise SystemExit("commit or stash the changes first: the file records the commit")
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, check=True).stdout.strip()
         path = ROOT / "_build" / "rita_full_tier.ipynb"
         subprocess.run([str(Path(sys.executable).with_name("icml26")), "run", "rita", "--tier",
                         "full", "--seed", "0", "--output", str(path), "--no-cache"], cwd=ROOT,

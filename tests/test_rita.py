@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import numpy as np
 import ot
@@ -392,4 +393,14 @@ def test_stored_full_tier_run_matches_the_chapters_claims():
     assert len(record["rows"]) == calls
     for row in record["rows"]:
         assert row["statement"][:40] in chapter, row["statement"]
-    assert record["glued"]["n_models"] == 32 and record["tier"] == "full"
+    full = chapter[chapter.index("FULL = dict("):].split("\n\n")[0]
+    seeds, adapt = (int(re.search(rf"{key}=(\d+)", full)[1]) for key in ("model_seeds", "n_adapt"))
+    assert record["glued"]["n_models"] == 2 * seeds
+    assert record["glued"]["n_adapt_per_model"] == adapt
+    # what the chapter's prose says of the stored run
+    ensemble, ot_reading, step, rtpt = (rita.full_tier_row(record, prefix) for prefix in (
+        "under attack RITA beats the plain ensemble", "ablation, OT reading",
+        "ablation, prompt step: RITA beats", "under attack RITA beats R-TPT with"))
+    assert 0 < ensemble["lower"] < ensemble["estimate"] < 0.011 < ensemble["upper"]
+    assert ensemble["fragile"] and ot_reading["lower"] > 0
+    assert step["lower"] < 0 < step["upper"] and rtpt["lower"] > 0 and rtpt["upper"] < 0.018
