@@ -445,9 +445,9 @@ def sinkhorn(cost: torch.Tensor, a: torch.Tensor, b: torch.Tensor, reg: float,
     ``cost``. The log domain updates ``f`` and ``g`` by log-sum-exp (``eq-rita-sinkhorn``); the
     kernel domain runs the same iterates as scalings ``u = exp(f / reg)``, ``v = exp(g / reg)``
     of the kernel ``exp(-C / reg)`` (``eq-rita-kernel``), several times faster but safe only for
-    a bounded spread of costs. By
-    default (``log_domain=None``) the kernel domain is used when every problem's spread of costs
-    is at most :data:`KERNEL_SPREAD` times ``reg`` (RITA's cosine costs lie in [0, 2]).
+    a bounded spread of costs. By default (``log_domain=None``) the kernel domain is used when
+    every problem's spread of costs is at most :data:`KERNEL_SPREAD` times ``reg`` (RITA's cosine
+    costs lie in [0, 2]).
     """
     if reg <= 0 or not math.isfinite(reg):
         raise ValueError(f"reg must be positive and finite, got {reg}")
