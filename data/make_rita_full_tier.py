@@ -8,7 +8,7 @@ root, on a tree without uncommitted changes:
 It executes the chapter at the full tier, seed 0 (`icml26 run`), and records the commit it ran
 on. To store a notebook already executed at the full tier, name it and the commit it ran on:
     .venv/bin/python data/make_rita_full_tier.py NOTEBOOK --commit SHA
-`icml26.rita.load_full_tier` reads the file; `tests/test_rita.py` checks it against the chapter.
+`icml26.claims.load_stored_run` reads the file; `tests/test_rita.py` checks it against the chapter.
 """
 
 import hashlib

@@ -419,3 +419,30 @@ def test_clopper_pearson_for_every_count_equals_one_by_one(n):
     assert table.shape == (n + 1, 2)
     for k in range(n + 1):
         assert tuple(table[k]) == pytest.approx(clopper_pearson(k, n, 0.1), abs=1e-15)
+
+
+def test_stored_run_reads_back_and_checks_its_source(tmp_path):
+    import json
+
+    from icml26.claims import load_stored_run, stored_row
+
+    record = dict(chapter="demo", tier="full", seed=0, commit="abc", wall_minutes=1.0,
+                  glued={"n_models": 32.0},
+                  rows=[dict(kind="paper", statement="under attack A beats B",
+                             verdict="reproduced", estimate=0.2, lower=0.1, upper=0.3, mde=0.05),
+                        dict(kind="paper", statement="under attack A beats C",
+                             verdict="inconclusive", estimate=0.0, lower=-0.1, upper=0.1,
+                             mde=0.05)])
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(record))
+    loaded = load_stored_run(path, "demo")
+    assert stored_row(loaded, "under attack A beats B")["estimate"] == 0.2
+    with pytest.raises(ValueError, match="2 stored rows"):
+        stored_row(loaded, "under attack A beats")
+    with pytest.raises(ValueError, match="0 stored rows"):
+        stored_row(loaded, "the cache")
+    with pytest.raises(ValueError, match="not a full-tier run of the other chapter"):
+        load_stored_run(path, "other")
+    path.write_text(json.dumps(dict(record, tier="book")))
+    with pytest.raises(ValueError, match="not a full-tier run"):
+        load_stored_run(path, "demo")

@@ -1,6 +1,5 @@
 """Tests for icml26.rita: Sinkhorn against POT, the attack, the views, the methods, bad input."""
 
-import json
 import math
 import re
 
@@ -11,6 +10,7 @@ import scipy.linalg
 import torch
 
 from icml26 import rita
+from icml26.claims import load_stored_run, stored_row
 
 
 @pytest.fixture(scope="module")
@@ -363,31 +363,10 @@ def test_kernel_and_log_domain_sinkhorn_agree_in_plan_and_gradient():
     assert torch.equal(tiny, rita.sinkhorn(base, a, b, 1e-3, 400, log_domain=True))
 
 
-def test_stored_full_tier_run_reads_back_and_checks_its_source(tmp_path):
-    record = dict(chapter="rita", tier="full", seed=0, commit="abc", wall_minutes=1.0,
-                  glued={"n_models": 32.0},
-                  rows=[dict(kind="paper", statement="under attack RITA beats TPT",
-                             verdict="reproduced", estimate=0.2, lower=0.1, upper=0.3, mde=0.05),
-                        dict(kind="paper", statement="under attack RITA beats R-TPT",
-                             verdict="inconclusive", estimate=0.0, lower=-0.1, upper=0.1,
-                             mde=0.05)])
-    path = tmp_path / "run.json"
-    path.write_text(json.dumps(record))
-    loaded = rita.load_full_tier(path)
-    assert rita.full_tier_row(loaded, "under attack RITA beats TPT")["estimate"] == 0.2
-    with pytest.raises(ValueError, match="2 stored rows"):
-        rita.full_tier_row(loaded, "under attack RITA beats")
-    with pytest.raises(ValueError, match="0 stored rows"):
-        rita.full_tier_row(loaded, "the cache")
-    path.write_text(json.dumps(dict(record, tier="book")))
-    with pytest.raises(ValueError, match="not a full-tier run"):
-        rita.load_full_tier(path)
-
-
 def test_stored_full_tier_run_matches_the_chapters_claims():
     """The stored rows belong to the chapter as it stands: one per paper claim and finding, each
     statement's opening in the chapter (a changed claim needs data/make_rita_full_tier.py)."""
-    record = rita.load_full_tier()
+    record = load_stored_run(rita.FULL_TIER_FILE, "rita")
     chapter = (rita.FULL_TIER_FILE.parents[1] / "book" / "chapters" / "rita.md").read_text()
     calls = chapter.count("claims.paper(") + chapter.count("claims.finding(")
     assert len(record["rows"]) == calls
@@ -398,7 +377,7 @@ def test_stored_full_tier_run_matches_the_chapters_claims():
     assert record["glued"]["n_models"] == 2 * seeds
     assert record["glued"]["n_adapt_per_model"] == adapt
     # what the chapter's prose says of the stored run
-    ensemble, ot_reading, step, rtpt = (rita.full_tier_row(record, prefix) for prefix in (
+    ensemble, ot_reading, step, rtpt = (stored_row(record, prefix) for prefix in (
         "under attack RITA beats the plain ensemble", "ablation, OT reading",
         "ablation, prompt step: RITA beats", "under attack RITA beats R-TPT with"))
     assert 0 < ensemble["lower"] < ensemble["estimate"] < 0.011 < ensemble["upper"]

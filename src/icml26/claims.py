@@ -45,12 +45,14 @@ build lists it (``icml26 build --strict-claims`` fails on it). The table's outpu
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
+from pathlib import Path
 
 import numpy as np
 from scipy import optimize, stats
@@ -844,3 +846,25 @@ def strict_problems(rows: list[dict]) -> list[str]:
         elif row["expected"] is not None and row["fragile"]:
             problems.append(f"fragile {row['verdict']}: {row['statement']}")
     return problems
+
+
+# --- Stored runs ----------------------------------------------------------------------------
+
+
+def load_stored_run(path: str | Path, chapter: str, tier: str = "full") -> dict:
+    """A chapter's claims rows from one stored run (a JSON file written by a script in ``data/``):
+    its ``commit``, ``seed``, ``wall_minutes``, some ``glued`` values and the ``rows`` (each with
+    ``kind``, ``statement``, ``verdict`` and, for an interval, ``estimate``, ``lower``,
+    ``upper``, ``mde``). Raises if the file is another chapter's or another tier's."""
+    record = json.loads(Path(path).read_text(encoding="utf-8"))
+    if record.get("chapter") != chapter or record.get("tier") != tier:
+        raise ValueError(f"{path} is not a {tier}-tier run of the {chapter} chapter")
+    return record
+
+
+def stored_row(record: Mapping, prefix: str) -> dict:
+    """The one row of a stored run whose statement starts with ``prefix``."""
+    found = [row for row in record["rows"] if row["statement"].startswith(prefix)]
+    if len(found) != 1:
+        raise ValueError(f"{len(found)} stored rows start with {prefix!r}, expected one")
+    return found[0]

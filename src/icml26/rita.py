@@ -23,7 +23,6 @@ exactly the per-image update. Only the cache is sequential over the test stream.
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from collections.abc import Callable
@@ -150,26 +149,7 @@ def _embed_prompts_cached() -> np.ndarray:
 
 FULL_TIER_FILE = Path(__file__).resolve().parents[2] / "data" / "rita_full_tier.json"
 """The claims rows of one run of the chapter's full tier, written by
-``data/make_rita_full_tier.py``."""
-
-
-def load_full_tier(path: str | Path | None = None) -> dict:
-    """The stored full-tier run: its ``commit``, ``seed``, ``wall_minutes``, some ``glued``
-    values and the claims ``rows`` (each with ``kind``, ``statement``, ``verdict`` and, for a
-    comparison, ``estimate``, ``lower``, ``upper``, ``mde``)."""
-    path = FULL_TIER_FILE if path is None else Path(path)
-    record = json.loads(path.read_text(encoding="utf-8"))
-    if record.get("chapter") != "rita" or record.get("tier") != "full":
-        raise ValueError(f"{path} is not a full-tier run of the rita chapter")
-    return record
-
-
-def full_tier_row(record: dict, prefix: str) -> dict:
-    """The one row of a stored run whose statement starts with ``prefix``."""
-    found = [row for row in record["rows"] if row["statement"].startswith(prefix)]
-    if len(found) != 1:
-        raise ValueError(f"{len(found)} stored rows start with {prefix!r}, expected one")
-    return found[0]
+``data/make_rita_full_tier.py`` (read with :func:`icml26.claims.load_stored_run`)."""
 
 
 PROMPTS_FILE = Path(__file__).resolve().parents[2] / "data" / "rita_prompts.npy"
